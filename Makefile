@@ -1,0 +1,86 @@
+# symlib and the living paper. `make book` and `make test` do all the set-up on a fresh machine.
+SHELL := /bin/bash
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+SCALE  ?= cpu
+DEVICE ?= cpu
+CHAPTERS ?= $(basename $(notdir $(wildcard notebooks/*.md)))
+BUILD  := build
+FASHION_DIR := /usr/share/datasets/fashion-mnist
+
+# Caches stay inside the build folder, so runs leave nothing behind.
+export MPLCONFIGDIR := $(CURDIR)/$(BUILD)/cache/matplotlib
+export IPYTHONDIR := $(CURDIR)/$(BUILD)/cache/ipython
+export JUPYTER_CONFIG_DIR := $(CURDIR)/$(BUILD)/cache/jupyter
+export JUPYTER_DATA_DIR := $(CURDIR)/$(BUILD)/cache/jupyter-data
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
+
+.PHONY: help env data book chapters html test unit nbval lint bench clean
+help:
+	@echo "make book   - environment + run every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
+	@echo "make test   - environment + unit/property tests + nbval over book/*.ipynb"
+	@echo "make bench  - run every benchmark under benchmarks/"
+	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only"
+
+env: $(VENV)/.installed data
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# FashionMNIST ships in Debian's dataset-fashion-mnist (the default out-of-distribution set).
+data:
+	@if [ -d $(FASHION_DIR) ]; then exit 0; fi
+	if [ "$$(id -u)" = 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi
+	if [ "$$SUDO" != none ] && command -v apt-get >/dev/null; then
+	  $$SUDO apt-get update -qq >/dev/null 2>&1 || true
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \
+	    || echo "warning: could not install dataset-fashion-mnist; symlib.data will explain how to get FashionMNIST"
+	else
+	  echo "warning: no root/apt: install Debian's dataset-fashion-mnist for the FashionMNIST chapters"
+	fi
+
+book: env chapters html
+
+chapters: $(VENV)/.installed
+	mkdir -p $(BUILD)/nb book $(MPLCONFIGDIR) $(IPYTHONDIR)
+	for ch in $(CHAPTERS); do
+	  echo "== chapter $$ch (scale=$(SCALE), device=$(DEVICE))"
+	  $(VENV)/bin/jupytext --quiet --to ipynb -o $(BUILD)/nb/$$ch.ipynb notebooks/$$ch.md
+	  TQDM_DISABLE=1 $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
+	    -p scale $(SCALE) -p device $(DEVICE) $(BUILD)/nb/$$ch.ipynb $(BUILD)/nb/$$ch.out.ipynb
+	  mv $(BUILD)/nb/$$ch.out.ipynb book/$$ch.ipynb
+	done
+
+html: $(VENV)/.installed
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(BUILD)
+	echo "The book is at file://$(CURDIR)/$(BUILD)/_build/html/index.html"
+
+test: env unit nbval
+
+unit: $(VENV)/.installed
+	$(VENV)/bin/ruff check symlib tests benchmarks
+	$(PY) -m pytest -q tests
+
+# Re-executes the committed chapters and compares the outputs marked NBVAL_CHECK_OUTPUT.
+nbval: $(VENV)/.installed
+	mkdir -p $(MPLCONFIGDIR) $(IPYTHONDIR)
+	TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+	  --nbval-sanitize-with .ci/nbval_sanitize.cfg book/*.ipynb
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check symlib tests benchmarks
+
+bench: $(VENV)/.installed
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean:
+	rm -rf $(BUILD) _build .pytest_cache .hypothesis

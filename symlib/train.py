@@ -1,0 +1,404 @@
+r"""Training recipes and the fast many-model trainer (book: "Checkpoint zoos").
+
+A *zoo* is many independently trained networks. Each member ``m`` has its own
+seed, from which two independent streams are derived (:func:`streams`): one draws
+the initial weights (PyTorch's default initialisation of the module), the other
+the data order (a fresh permutation of the training set every epoch) and the
+augmentation (a random crop offset per image). Given the same seed, the plain
+single-model loop (:func:`train_plain`) and the stacked trainer
+(:func:`train_stacked`) see exactly the same batches and crops.
+
+**Stacked OptuNet.** On a CPU, a 392-parameter network is far too small to keep
+the arithmetic units busy: a plain training step is dominated by per-operator
+overhead and by convolution kernels that are inefficient for 1 or 2 channels.
+:func:`optunet_forward` therefore evaluates ``M`` OptuNets, each on its own
+mini-batch, with a few batched matrix products:
+
+* conv 1 (1 -> 2 channels, 4x4) as a Toeplitz product: for output row ``i``,
+  :math:`z[c, i, :] = \sum_{k} x[i + k, :]\, T_{c,k}` with
+  :math:`T_{c,k}[j', j] = w[c, k, j' - j]` (zero outside the kernel), so the
+  whole layer is one ``(B \cdot 24, 112) \times (112, 48)`` product per model;
+* max-pool 3 on that product's output seen as one image (ReLU and max commute, so
+  the ReLU runs on the pooled, nine-times smaller tensor);
+* grouped conv 2 (2 groups of 1 -> 5, 5x5) as a Toeplitz product per group;
+* global average pool and the linear layer as a batched ``baddbmm``.
+
+Autograd differentiates these; the optimiser (:func:`sgd_step`) reproduces
+``torch.optim.SGD`` on stacked tensors (weight decay, momentum, Nesterov).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Params = dict[str, torch.Tensor]
+
+OPTUNET_SHAPES = {
+    "conv1.weight": (2, 1, 4, 4),
+    "conv2.weight": (10, 1, 5, 5),
+    "fc.weight": (10, 10),
+    "fc.bias": (10,),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """An SGD training recipe (paper App. B.1).
+
+    Attributes:
+        epochs: passes over the training set.
+        batch_size: images per step (the last batch of an epoch may be smaller).
+        lr: initial learning rate.
+        momentum: SGD momentum (0 for plain SGD).
+        weight_decay: L2 coefficient added to the gradient, as in ``torch.optim.SGD``.
+        nesterov: Nesterov momentum.
+        schedule: ``"step"`` (multiply by ``gamma`` at each of ``milestones``) or ``"cosine"``
+            (cosine annealing to 0 over ``epochs``), stepped once per epoch.
+        milestones: epochs at which a step schedule decays.
+        gamma: decay factor of a step schedule.
+        crop_padding: random crop back to the input size after padding by this many pixels (0: none).
+        flip: random horizontal flips.
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    schedule: str = "step"
+    milestones: tuple[int, ...] = ()
+    gamma: float = 0.1
+    crop_padding: int = 0
+    flip: bool = False
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs}, {self.batch_size}")
+        if self.schedule not in ("step", "cosine"):
+            raise ValueError(f"schedule must be 'step' or 'cosine', got {self.schedule!r}")
+        if self.nesterov and self.momentum <= 0:
+            raise ValueError("Nesterov momentum needs momentum > 0")
+
+    def lr_at(self, epoch: int) -> float:
+        r"""Learning rate during ``epoch`` (0-based), as ``MultiStepLR`` / ``CosineAnnealingLR`` give it:
+        :math:`\eta_0 \gamma^{\#\{m \le e\}}` or :math:`\tfrac{\eta_0}{2}(1 + \cos(\pi e / E))`."""
+        if self.schedule == "cosine":
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * epoch / self.epochs))
+        return self.lr * self.gamma ** sum(1 for m in self.milestones if m <= epoch)
+
+    def scaled(self, epochs: int) -> Recipe:
+        """The same recipe over ``epochs`` epochs, milestones shrunk in proportion (at least one epoch apart)."""
+        if epochs == self.epochs:
+            return self
+        ms = tuple(sorted({max(1, round(m * epochs / self.epochs)) for m in self.milestones if m < self.epochs}))
+        return dataclasses.replace(self, epochs=epochs, milestones=tuple(m for m in ms if m < epochs))
+
+
+# The paper's recipes (App. B.1). OptuNet: no momentum is mentioned; weight decay 2e-4 as in the
+# authors' public "OptuMNIST" sibling; random crop 28 with padding 4.
+OPTUNET_MNIST = Recipe(epochs=60, batch_size=64, lr=0.04, weight_decay=2e-4, milestones=(15, 30), gamma=0.5,
+                       crop_padding=4)
+RESNET18_CIFAR100 = Recipe(epochs=75, batch_size=128, lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True,
+                           milestones=(25, 50), gamma=0.1, crop_padding=4, flip=True)
+RESNET18_TINYIMAGENET = Recipe(epochs=200, batch_size=128, lr=0.2, momentum=0.9, weight_decay=5e-4,
+                               schedule="cosine", crop_padding=4, flip=True)
+
+
+def streams(seed: int) -> tuple[int, int]:
+    """Two independent 63-bit seeds derived from ``seed``: (initialisation, data order and augmentation)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    a, b = np.random.SeedSequence(int(seed)).generate_state(2, dtype=np.uint64)
+    return int(a) >> 1, int(b) >> 1
+
+
+def init_model(make: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """``make()`` with PyTorch's default initialisation drawn from ``seed``'s initialisation stream
+    (the global RNG is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(streams(seed)[0])
+        return make()
+
+
+def init_params(make: Callable[[], nn.Module], seeds: Sequence[int]) -> Params:
+    """Initial parameters of one model per seed, stacked: ``{name: (len(seeds), ...)}``."""
+    models = [init_model(make, s) for s in seeds]
+    return {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]) for k, _ in
+            models[0].named_parameters()}
+
+
+def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's data order and augmentation for one model, drawn from its generator.
+
+    Returns:
+        ``perm`` (n,): the order of the training images; ``aug`` (n, 3) int64: per image (in ``perm``
+        order) the crop offsets (row, column) in ``0 .. 2 * padding`` and the flip coin (0/1).
+    """
+    perm = torch.randperm(n, generator=gen)
+    aug = torch.zeros(n, 3, dtype=torch.int64)
+    if padding:
+        aug[:, :2] = torch.randint(0, 2 * padding + 1, (n, 2), generator=gen)
+    if flip:
+        aug[:, 2] = torch.randint(0, 2, (n,), generator=gen)
+    return perm, aug
+
+
+def pad_images(x: torch.Tensor, padding: int, fill: float | Sequence[float] = 0.0) -> torch.Tensor:
+    """Images ``(N, C, H, W)`` padded by ``padding`` pixels of value ``fill`` (a number or one per channel)."""
+    if not padding:
+        return x
+    fill_t = torch.as_tensor(fill, dtype=x.dtype, device=x.device).reshape(-1)
+    if fill_t.numel() == 1:
+        return F.pad(x, (padding,) * 4, value=float(fill_t))
+    if fill_t.numel() != x.shape[1]:
+        raise ValueError(f"fill needs one value or one per channel ({x.shape[1]}), got {fill_t.numel()}")
+    out = F.pad(x, (padding,) * 4)
+    inside = torch.zeros(out.shape[-2:], dtype=torch.bool, device=x.device)
+    inside[padding:-padding, padding:-padding] = True
+    return torch.where(inside, out, fill_t.view(1, -1, 1, 1))
+
+
+def crop(xpad: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, size: int) -> torch.Tensor:
+    r"""Cut ``size`` x ``size`` windows out of padded images: :math:`y[\ldots, c, i, j] =
+    \tilde x_{\mathrm{idx}}[c, i + o, j + p]`, mirrored left-right where the flip coin is 1.
+
+    Args:
+        xpad: padded images ``(N, C, H', W')``.
+        idx: image indices, any shape ``lead``.
+        aug: ``lead + (3,)`` offsets (row, column) and flip coins, as from :func:`epoch_plan`.
+        size: output side.
+
+    Returns:
+        ``lead + (C, size, size)``.
+    """
+    n, c, hp, wp = xpad.shape
+    ar = torch.arange(size, device=xpad.device)
+    flat_idx, flat_aug = idx.reshape(-1), aug.reshape(-1, 3)
+    rows = flat_aug[:, 0, None] + ar  # (K, size)
+    cols = flat_aug[:, 1, None] + torch.where(flat_aug[:, 2, None].bool(), size - 1 - ar, ar)
+    lin = (rows[:, :, None] * wp + cols[:, None, :]).reshape(-1, 1, size * size)
+    sel = xpad[flat_idx].reshape(-1, c, hp * wp)
+    out = sel.gather(2, lin.expand(-1, c, -1))
+    return out.reshape(*idx.shape, c, size, size)
+
+
+# ----------------------------------------------------------------------------- stacked OptuNet
+
+
+def _toeplitz_index(width: int, k: int, out: int) -> torch.Tensor:
+    """``(width, out)`` index into a kernel row padded with one zero: ``j' - j`` if inside the kernel, else ``k``."""
+    d = torch.arange(width)[:, None] - torch.arange(out)[None, :]
+    return torch.where((d >= 0) & (d < k), d, torch.full_like(d, k))
+
+
+def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
+    r"""Logits of ``M`` stacked OptuNets (same function as :class:`symlib.models.OptuNet` in eval mode).
+
+    Args:
+        params: ``{"conv1.weight": (M, 2, 1, 4, 4), "conv2.weight": (M, 10, 1, 5, 5),
+            "fc.weight": (M, 10, 10), "fc.bias": (M, 10)}``.
+        x: ``(M, B, 1, 28, 28)`` (each model its own images) or ``(B, 1, 28, 28)`` (shared).
+
+    Returns:
+        Logits ``(M, B, 10)``.
+    """
+    w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
+    m = w1.shape[0]
+    if x.shape[-3:] != (1, 28, 28) or x.ndim not in (4, 5):
+        raise ValueError(f"OptuNet takes (M, B, 1, 28, 28) or (B, 1, 28, 28) images, got {tuple(x.shape)}")
+    # conv 1 as a Toeplitz product; only output rows/columns 0..23 survive the 3x3 pooling.
+    wpad = F.pad(w1.reshape(m, 2, 4, 4), (0, 1))  # (M, 2, 4, 5): a zero after each kernel row
+    t = wpad[:, :, :, _toeplitz_index(28, 4, 24).to(x.device)]  # (M, 2, 4, 28, 24)
+    t = t.permute(0, 2, 3, 1, 4).reshape(m, 112, 48)  # rows (k, j'), columns (c, j)
+    rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2)  # (..., 24, 4, 28)
+    if x.ndim == 4:
+        b = x.shape[0]
+        z = (rows.reshape(b * 24, 112) @ t.permute(1, 0, 2).reshape(112, m * 48))
+        z = z.view(b, 24, m, 48).permute(2, 0, 1, 3)
+    else:
+        b = x.shape[1]
+        z = torch.bmm(rows.reshape(m, b * 24, 112), t)
+    # max-pool 3 (windows never straddle the two channels, 24 = 8 * 3), then ReLU (they commute).
+    z = F.relu(F.max_pool2d(z.reshape(m * b, 1, 24, 48), 3))  # (M*B, 1, 8, 16): rows i, columns (c, j)
+    # grouped conv 2 (2 groups of 1 -> 5 channels, 5x5) as a Toeplitz product per (model, group).
+    h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4)  # (M, 2, B, 8, 8)
+    rows2 = h.unfold(3, 5, 1).transpose(-1, -2).reshape(m * 2, b * 4, 40)  # rows (k, j')
+    w2pad = F.pad(w2.reshape(m, 2, 5, 5, 5), (0, 1))  # (M, group, out, k, 6)
+    t2 = w2pad[..., _toeplitz_index(8, 5, 4).to(x.device)]  # (M, 2, 5, 5, 8, 4): (g, o, k, j', j)
+    t2 = t2.permute(0, 1, 3, 4, 2, 5).reshape(m * 2, 40, 20)  # columns (o, j)
+    h2 = F.relu(torch.bmm(rows2, t2)).view(m, 2, b, 4, 5, 4).mean(dim=(3, 5))  # GAP: (M, 2, B, 5)
+    feats = h2.permute(0, 2, 1, 3).reshape(m, b, 10)
+    return torch.baddbmm(fb[:, None, :], feats, fw.transpose(1, 2))
+
+
+STACKED_FORWARD = {"optunet": optunet_forward}
+
+
+def sgd_step(params: Params, grads: Params, bufs: Params | None, lr: float, recipe: Recipe) -> tuple[Params, Params]:
+    r"""One ``torch.optim.SGD`` step on stacked tensors (dampening 0): with :math:`d = g + \lambda\theta`,
+    :math:`b \leftarrow \mu b + d` (:math:`b = d` at the first step), :math:`d \leftarrow d + \mu b`
+    (Nesterov) or :math:`b`, then :math:`\theta \leftarrow \theta - \eta d`.
+
+    Returns new ``(params, bufs)``; the inputs are not modified.
+    """
+    new_p, new_b = {}, {}
+    for k, p in params.items():
+        d = grads[k]
+        if recipe.weight_decay:
+            d = d.add(p, alpha=recipe.weight_decay)
+        if recipe.momentum:
+            b = d.clone() if bufs is None else bufs[k].mul(recipe.momentum).add_(d)
+            new_b[k] = b
+            d = d.add(b, alpha=recipe.momentum) if recipe.nesterov else b
+        new_p[k] = p.add(d, alpha=-lr)
+    return new_p, new_b
+
+
+def _generators(seeds: Sequence[int]) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(streams(s)[1]) for s in seeds]
+
+
+def train_stacked(
+    params: Params,
+    seeds: Sequence[int],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    recipe: Recipe,
+    fill: float | Sequence[float] = 0.0,
+    arch: str = "optunet",
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    on_epoch: Callable[[int], None] | None = None,
+) -> Params:
+    """Train ``M = len(seeds)`` models at once, each on its own mini-batches and crops.
+
+    Args:
+        params: initial stacked parameters ``{name: (M, ...)}`` (not modified).
+        seeds: one seed per model (its data order and augmentation stream, :func:`streams`).
+        x, y: training images ``(N, C, H, W)`` and labels ``(N,)``, on the device to train on.
+        recipe: optimiser, schedule and augmentation.
+        fill: value of the padding pixels (black in the normalised scale).
+        arch: a key of :data:`STACKED_FORWARD`.
+        epochs: train for this many epochs (default ``recipe.epochs``).
+        max_steps: stop after this many steps in total (for tests).
+        on_epoch: called with the epoch index after every epoch (progress bars).
+
+    Returns:
+        The trained stacked parameters.
+    """
+    if arch not in STACKED_FORWARD:
+        raise ValueError(f"no stacked forward for {arch!r}; stacked architectures: {sorted(STACKED_FORWARD)}")
+    forward = STACKED_FORWARD[arch]
+    m = len(seeds)
+    if any(p.shape[0] != m for p in params.values()):
+        raise ValueError(f"params must be stacked for {m} models; got shapes {[tuple(p.shape) for p in params.values()]}")
+    dev = x.device
+    n, size = x.shape[0], x.shape[-1]
+    xpad = pad_images(x, recipe.crop_padding, fill)
+    gens = _generators(seeds)
+    theta = {k: v.detach().to(dev).clone() for k, v in params.items()}
+    bufs = None
+    step = 0
+    for epoch in range(recipe.epochs if epochs is None else epochs):
+        lr = recipe.lr_at(epoch)
+        plans = [epoch_plan(g, n, recipe.crop_padding, recipe.flip) for g in gens]
+        perms = torch.stack([p for p, _ in plans]).to(dev)
+        augs = torch.stack([a for _, a in plans]).to(dev)
+        for start in range(0, n, recipe.batch_size):
+            idx = perms[:, start:start + recipe.batch_size]
+            xb = crop(xpad, idx, augs[:, start:start + recipe.batch_size], size)
+            yb = y[idx]
+            leaves = {k: v.requires_grad_(True) for k, v in theta.items()}
+            logits = forward(leaves, xb)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="sum")
+            grads = torch.autograd.grad(loss / idx.shape[1], list(leaves.values()))
+            with torch.no_grad():
+                theta, bufs = sgd_step({k: v.detach() for k, v in leaves.items()}, dict(zip(leaves, grads)),
+                                       bufs, lr, recipe)
+            step += 1
+            if max_steps is not None and step >= max_steps:
+                return theta
+        if on_epoch is not None:
+            on_epoch(epoch)
+    return theta
+
+
+def train_plain(
+    model: nn.Module,
+    seed: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    recipe: Recipe,
+    fill: float | Sequence[float] = 0.0,
+    epochs: int | None = None,
+    max_steps: int | None = None,
+) -> nn.Module:
+    """The plain loop: one ``nn.Module``, ``torch.optim.SGD`` and the same batches and crops as
+    :func:`train_stacked` for ``seed``. Trains (and returns) a deep copy; ``model`` is not modified.
+
+    This is the reference the stacked trainer is tested and benchmarked against, and the trainer of
+    the paper-scale ResNet recipes.
+    """
+    import copy
+
+    model = copy.deepcopy(model).to(x.device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
+                          weight_decay=recipe.weight_decay, nesterov=recipe.nesterov)
+    gen = _generators([seed])[0]
+    n, size = x.shape[0], x.shape[-1]
+    xpad = pad_images(x, recipe.crop_padding, fill)
+    step = 0
+    for epoch in range(recipe.epochs if epochs is None else epochs):
+        for group in opt.param_groups:
+            group["lr"] = recipe.lr_at(epoch)
+        perm, aug = epoch_plan(gen, n, recipe.crop_padding, recipe.flip)
+        perm, aug = perm.to(x.device), aug.to(x.device)
+        for start in range(0, n, recipe.batch_size):
+            idx = perm[start:start + recipe.batch_size]
+            xb = crop(xpad, idx, aug[start:start + recipe.batch_size], size)
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xb), y[idx]).backward()
+            opt.step()
+            step += 1
+            if max_steps is not None and step >= max_steps:
+                return model
+    return model
+
+
+@torch.no_grad()
+def evaluate_stacked(params: Params, x: torch.Tensor, y: torch.Tensor, arch: str = "optunet",
+                     batch_size: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accuracy and mean cross-entropy of every stacked model on ``(x, y)``: two ``(M,)`` tensors."""
+    forward = STACKED_FORWARD[arch]
+    m = next(iter(params.values())).shape[0]
+    correct = torch.zeros(m, dtype=torch.float64, device=x.device)
+    loss = torch.zeros(m, dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], batch_size):
+        logits = forward(params, x[start:start + batch_size])
+        yb = y[start:start + batch_size]
+        correct += (logits.argmax(-1) == yb).sum(1)
+        loss += F.cross_entropy(logits.transpose(1, 2), yb.expand(m, -1), reduction="none").sum(1).double()
+    return (correct / x.shape[0]).float(), (loss / x.shape[0]).float()
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of one model (eval mode) on ``(x, y)``."""
+    was = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    for start in range(0, x.shape[0], batch_size):
+        logits = model(x[start:start + batch_size])
+        yb = y[start:start + batch_size]
+        correct += int((logits.argmax(-1) == yb).sum())
+        loss += float(F.cross_entropy(logits, yb, reduction="sum"))
+    model.train(was)
+    return correct / x.shape[0], loss / x.shape[0]
