@@ -47,7 +47,7 @@ def _per_neuron(theta: Params, spec: Spec, a: Action, nb: int) -> torch.Tensor:
     return t.reshape(*t.shape[: nb + 1], -1)
 
 
-def _topological(labels: list[str], deps: dict[str, set[str]], what: str) -> list[str]:
+def _topological(labels: list[str], deps: dict[str, set[str]], what: str, fix: str) -> list[str]:
     """Order ``labels`` so each comes after its ``deps``, keeping the given order where free."""
     done: list[str] = []
     left = list(labels)
@@ -55,9 +55,8 @@ def _topological(labels: list[str], deps: dict[str, set[str]], what: str) -> lis
         ready = next((x for x in left if deps[x] <= set(done)), None)
         if ready is None:
             raise SymmetryError(
-                f"the {what} labels {left} depend on each other in a cycle (a residual branch without "
-                "normalisation feeds back into its own stream): this canonical form is not defined; "
-                "use min-mass (symlib.minmass) for the scales"
+                f"the {what} labels {left} depend on each other in a cycle (their keys read weights "
+                f"that the others reorder or rescale): this canonical form is not defined; {fix}"
             )
         done.append(ready)
         left.remove(ready)
@@ -73,12 +72,21 @@ def scale_order(spec: Spec) -> list[str]:
             a.scale for a in spec.actions
             if a.param in params and a.scale not in (None, label) and a.power < 0
         }
-    return _topological(list(spec.scales), deps, "scaling")
+    return _topological(
+        list(spec.scales), deps, "scaling",
+        "a residual branch without BatchNorm feeds back into its own stream; use min-mass (symlib.minmass)",
+    )
 
 
-def perm_order(spec: Spec, by: str = "incoming") -> list[str]:
-    """Permutation labels, each after the labels permuting the other axes of its sort key's weight."""
+def perm_order(spec: Spec, by: str = "incoming", key: str = "first") -> list[str]:
+    """Permutation labels, each after the labels permuting the other axes of its sort key's weight.
+
+    Only the ``"first"`` key depends on that order; ``"max"`` is invariant to
+    the other axes' permutations and keeps the forward (or backward) order.
+    """
     labels = list(spec.perms) if by == "incoming" else list(reversed(spec.perms))
+    if key == "max":
+        return labels
     deps = {}
     for label in labels:
         acts = spec.incoming(label, "perm") if by == "incoming" else spec.outgoing(label, "perm")
@@ -86,7 +94,7 @@ def perm_order(spec: Spec, by: str = "incoming") -> list[str]:
             a.perm for a in spec.actions
             if acts and a.param == acts[0].param and a.axis != acts[0].axis and a.perm not in (None, label)
         }
-    return _topological(labels, deps, "permutation")
+    return _topological(labels, deps, "permutation", "sort with key='max'")
 
 
 def neuron_norms(theta: Params, spec: Spec, label: str, p: float = 2.0) -> torch.Tensor:
@@ -141,16 +149,40 @@ def normalize(theta: Params, spec: Spec, p: float = 2.0, check: bool = True) -> 
     return _finish(spec, theta, out, check, f"normalize(p={p})")
 
 
+def _quantize(k: torch.Tensor, rel: float = 1e-9) -> torch.Tensor:
+    """``k`` rounded to ``rel`` times its largest magnitude along the last axis."""
+    unit = k.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(k.dtype).tiny) * rel
+    return torch.round(k / unit)
+
+
 def _key(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> torch.Tensor:
+    """Each neuron's rank in the sort order of ``label``: ``(*batch, n)``, a permutation of 0..n-1.
+
+    The primary key is the first or the largest incoming (outgoing) weight. Ties,
+    which occur in degenerate layers (e.g. after a width-1 layer every normalised
+    incoming weight is +-1), are broken lexicographically by keys that are just
+    as invariant: the neuron's bias, the sum of its incoming weights and the sum
+    of its outgoing weights (sums over the axes other labels permute).
+    """
     acts = spec.incoming(label, "perm") if by == "incoming" else spec.outgoing(label, "perm")
     if not acts:
         raise SymmetryError(f"permutation label {label!r} has no {by} weights to sort by")
+    if key not in ("first", "max"):
+        raise ValueError(f"key must be 'first' or 'max', got {key!r}")
     w = _per_neuron(theta, spec, acts[0], nb)
-    if key == "first":
-        return w[..., 0]
-    if key == "max":
-        return w.amax(-1)
-    raise ValueError(f"key must be 'first' or 'max', got {key!r}")
+    keys = [w[..., 0] if key == "first" else w.amax(-1)]
+    biases = [a for a in spec.actions if a.perm == label and a.power > 0 and a.param not in spec.weights
+              and len(spec.shapes[a.param]) == 1]
+    keys += [theta[a.param] for a in biases]
+    for side in (spec.incoming(label, "perm"), spec.outgoing(label, "perm")):
+        if side:
+            keys.append(sum(_per_neuron(theta, spec, a, nb).sum(-1) for a in side))
+    # Keys equal up to rounding (e.g. +-1 after normalisation) must tie, not be ordered by the noise.
+    keys = [_quantize(k) for k in keys]
+    order = keys[-1].argsort(dim=-1, stable=True)
+    for k in reversed(keys[:-1]):
+        order = torch.gather(order, -1, torch.gather(k, -1, order).argsort(dim=-1, stable=True))
+    return order.argsort(dim=-1).to(w.dtype)
 
 
 def sort_perms(theta: Params, spec: Spec, key: str = "max", by: str = "incoming") -> dict[str, torch.Tensor]:
@@ -162,7 +194,7 @@ def sort_perms(theta: Params, spec: Spec, key: str = "max", by: str = "incoming"
     cur = dict(theta)
     ties = spec.tie_classes()
     decided: set[str] = set()
-    for label in perm_order(spec, by):
+    for label in perm_order(spec, by, key):
         keys = _key(cur, spec, label, key, by, nb)
         if label not in spec.blocks:
             step = {label: keys.argsort(dim=-1, stable=True)}
@@ -230,7 +262,8 @@ def canonicalize(
     """The canonical (identifiable) form: remove scalings, then permutations (paper Prop. 1).
 
     ``canonicalize(act(g, theta)) == canonicalize(theta)`` for every group
-    element ``g`` when no two neurons of a layer tie on the key.
+    element ``g`` unless two neurons of a layer tie on every sort key (primary
+    key, bias, incoming and outgoing sums), as exact duplicates do.
 
     Args:
         scaling: ``"normalize"`` (unit p-norm neurons), or ``None`` to keep

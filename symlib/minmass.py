@@ -378,7 +378,8 @@ def solve(
             L, info = torch.linalg.cholesky_ex(H)
             if bool((info > 0).any()):  # numerically singular: regularise lightly
                 eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
-                L, _ = torch.linalg.cholesky_ex(H + 1e-12 * H.diagonal(dim1=1, dim2=2).amax(-1)[:, None, None] * eye)
+                ridge = 1e-12 * H.diagonal(dim1=1, dim2=2).amax(-1)[:, None, None]
+                L, _ = torch.linalg.cholesky_ex(H + ridge * eye)
             y = torch.linalg.solve_triangular(L, -g.unsqueeze(-1), upper=False)
             d = torch.linalg.solve_triangular(L.mT, y, upper=True).squeeze(-1)
             d = torch.where((res > tol).unsqueeze(-1), d, 0.0)
@@ -542,14 +543,14 @@ def reference(
         raise ValueError("reference() solves one network; pass theta without batch dimensions")
     fixed = degenerate(prob)
     off, N = prob.offsets, prob.size
-    free = np.concatenate([(~fixed[k][0]).numpy() for k in prob.labels]) if prob.labels else np.zeros(0, bool)
+    free = np.concatenate([(~fixed[k][0]).cpu().numpy() for k in prob.labels] or [np.zeros(0, bool)])
     idx = -np.ones(N, dtype=np.int64)
     idx[free] = np.arange(int(free.sum()))
     nv = int(free.sum())
     rows, cols, vals, logq, const = [], [], [], [], 0.0
     r = 0
     for t in prob.terms:
-        q = t.q[0].numpy()
+        q = t.q[0].cpu().numpy()
         ii, jj = np.nonzero(q > 0)
         if t.out is None and t.inp is None:
             const += float(q.sum())
@@ -584,10 +585,10 @@ def reference(
         for k in range(r):
             lo, hi = A.indptr[k], A.indptr[k + 1]
             m = math.exp(c[k])
-            for col, v in zip(A.indices[lo:hi], A.data[lo:hi]):
+            for col, v in zip(A.indices[lo:hi], A.data[lo:hi], strict=True):
                 m = m * lam[col] ** float(v)
             monos.append(m)
-        obj = functools_sum(monos) + const
+        obj = _balanced_sum(monos) + const
         pr = cp.Problem(cp.Minimize(obj))
         pr.solve(gp=True, solver=solver, **kw)
         uval = np.log(np.asarray(lam.value, dtype=np.float64))
@@ -602,7 +603,7 @@ def reference(
     return scales, value
 
 
-def functools_sum(xs):
+def _balanced_sum(xs):
     """Balanced sum of cvxpy expressions (a left fold nests too deeply for large GPs)."""
     xs = list(xs)
     while len(xs) > 1:
@@ -726,7 +727,9 @@ def fold_batchnorm(
         err = _compare(model, theta, new_model, out, input_shape, nb)
         tol = _check.default_tol(next(iter(theta.values())).dtype)
         if not err <= tol:
-            raise _check.FunctionalMismatch(f"folding BatchNorm changed the function: error {err:.3g} > {tol:g}")
+            raise _check.FunctionalMismatch(
+                f"folding BatchNorm changed the function: error {err:.3g} > {tol:g}"
+            )
     return Folded(out, new_model, tuple(pairs), err)
 
 
@@ -746,3 +749,4 @@ def _compare(m1, t1, m2, t2, input_shape, nb) -> float:
     with torch.no_grad():
         ya, yb = f(m1, t1), f(m2, t2)
     return float((ya - yb).abs().max() / ya.abs().max().clamp_min(1.0))
+

@@ -87,6 +87,11 @@ class Spec:
         actions: every (parameter, axis, label) action.
         weights: parameters that are weights (they count in the mass and in the
             keys used to sort and normalise neurons); biases and buffers do not.
+            A BatchNorm ``weight`` (gamma) is a weight: it carries the scale that
+            the BatchNorm opens (power +1), so it is that scale's only
+            "incoming weight". The scale of a convolution followed by a
+            BatchNorm has no outgoing weights (the running statistics, which
+            are buffers, absorb it).
         output_bias: the last layer's bias, carrier of the softmax additive
             symmetry (paper App. C.1.3), or ``None``.
         no_scaling: why a hidden layer has no scaling symmetry (e.g. a tanh

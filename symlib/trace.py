@@ -152,11 +152,9 @@ class _Walker:
         return tuple(meta.shape) if isinstance(meta, TensorMetadata) else None
 
     def _tensor_args(self, node) -> list[torch.fx.Node]:
-        out = []
-        for a in list(node.args) + list(node.kwargs.values()):
-            if isinstance(a, torch.fx.Node) and self._shape(a) is not None:
-                out.append(a)
-        return out
+        """Tensor-valued inputs of ``node``, including those inside lists and tuples."""
+        nodes = self._nested_nodes((node.args, node.kwargs))
+        return [a for a in nodes if self._shape(a) is not None]
 
     def _input(self, node) -> _State:
         args = self._tensor_args(node)
@@ -176,7 +174,35 @@ class _Walker:
             for a in self._tensor_args(node)
         )
 
+    def _fix_inputs(self, node) -> _State:
+        """An operation between the last layer and the output: its inputs reach the output anyway."""
+        for a in self._tensor_args(node):
+            st = self.states[a]
+            if st is not None:
+                self.perm_uf.union(st.perm, FIXED)
+                self.scale_uf.union(st.scale, FIXED)
+                self.output_producers.append(st.producer)
+        return _State(FIXED, FIXED, 1)
+
+    def _tail(self) -> set[torch.fx.Node]:
+        """Nodes from which every path reaches the output without passing through a layer with
+        parameters (e.g. a final softmax): operations there cannot break a symmetry."""
+        tail: set[torch.fx.Node] = set()
+        for node in reversed(self.gm.graph.nodes):
+            if node.op == "output":
+                continue
+            users = list(node.users)
+            if users and all(
+                u.op == "output" or (u in tail and not self._has_parameters(u)) for u in users
+            ):
+                tail.add(node)
+        return tail
+
+    def _has_parameters(self, node) -> bool:
+        return node.op == "call_module" and any(True for _ in self.modules[node.target].parameters())
+
     def walk(self) -> None:
+        self.tail = self._tail()
         for node in self.gm.graph.nodes:
             self.states[node] = self._visit(node)
 
@@ -228,8 +254,10 @@ class _Walker:
             return self._nonhomogeneous(node, name, type(mod).__name__)
         if isinstance(mod, nn.Flatten):
             return self._reshape(node)
-        if self._fixed_inputs(node) and not any(True for _ in mod.parameters()):
+        if self._fixed_inputs(node):  # e.g. an embedding of the input: nothing to act on yet
             return _State(FIXED, FIXED, 1)
+        if node in self.tail:  # e.g. a final LayerNorm: the labels would reach the output anyway
+            return self._fix_inputs(node)
         raise self._refuse(
             node, f"the module {name!r} of type {type(mod).__name__}",
             "its symmetries are unknown to symlib; supported: Linear, Conv1d/2d/3d (grouped too), "
@@ -314,8 +342,13 @@ class _Walker:
             st.axis == 1 and len(out_shape) >= 2 and out_shape[0] == in_shape[0] and out_shape[1] == c
             and all(d == 1 for d in out_shape[2:])
         )
-        if keeps and (all(d == 1 for d in rest) or tuple(out_shape[2:]) == tuple(rest)
-                      or node.target in ("mean", "amax", torch.mean, torch.amax)):
+        if node.target in ("mean", "amax", torch.mean, torch.amax):
+            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            dims = (dims,) if isinstance(dims, int) else tuple(dims or ())
+            dims = {d % len(in_shape) for d in dims}
+            if keeps and dims and not dims & {0, st.axis}:
+                return _State(st.perm, st.scale, 1, st.producer)  # pooling over positions
+        elif keeps and all(d == 1 for d in rest):
             return _State(st.perm, st.scale, 1, st.producer)
         if tuple(in_shape) == tuple(out_shape):
             return st
@@ -358,6 +391,8 @@ class _Walker:
             return self._reshape(node)
         if self._fixed_inputs(node):
             return _State(FIXED, FIXED, 1)
+        if node in self.tail:
+            return self._fix_inputs(node)
         fname = getattr(target, "__name__", target)
         what = f"the method .{target}()" if is_method else f"the function {fname}"
         raise self._refuse(

@@ -20,8 +20,12 @@ mini-batch, with a few batched matrix products:
   whole layer is one ``(B \cdot 24, 112) \times (112, 48)`` product per model;
 * max-pool 3 on that product's output seen as one image (ReLU and max commute, so
   the ReLU runs on the pooled, nine-times smaller tensor);
-* grouped conv 2 (2 groups of 1 -> 5, 5x5) as a Toeplitz product per group;
+* grouped conv 2 (2 groups of 1 -> 5, 5x5) as a dense ``(64, 80)`` product per group
+  (no unfolding, so its input gradient is one more product);
 * global average pool and the linear layer as a batched ``baddbmm``.
+
+The Toeplitz and dense matrices are built from the weights by a product with a
+constant 0/1 matrix (exact), whose gradient sums the entries back onto the kernel.
 
 Autograd differentiates these; the optimiser (:func:`sgd_step`) reproduces
 ``torch.optim.SGD`` on stacked tensors (weight decay, momentum, Nesterov).
@@ -30,6 +34,7 @@ Autograd differentiates these; the optimiser (:func:`sgd_step`) reproduces
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -95,21 +100,42 @@ class Recipe:
         return self.lr * self.gamma ** sum(1 for m in self.milestones if m <= epoch)
 
     def scaled(self, epochs: int) -> Recipe:
-        """The same recipe over ``epochs`` epochs, milestones shrunk in proportion (at least one epoch apart)."""
+        """The same recipe over ``epochs`` epochs, milestones shrunk in proportion (distinct, >= 1)."""
         if epochs == self.epochs:
             return self
-        ms = tuple(sorted({max(1, round(m * epochs / self.epochs)) for m in self.milestones if m < self.epochs}))
+        ms = tuple(
+            sorted({max(1, round(m * epochs / self.epochs)) for m in self.milestones if m < self.epochs})
+        )
         return dataclasses.replace(self, epochs=epochs, milestones=tuple(m for m in ms if m < epochs))
 
 
 # The paper's recipes (App. B.1). OptuNet: no momentum is mentioned; weight decay 2e-4 as in the
 # authors' public "OptuMNIST" sibling; random crop 28 with padding 4.
-OPTUNET_MNIST = Recipe(epochs=60, batch_size=64, lr=0.04, weight_decay=2e-4, milestones=(15, 30), gamma=0.5,
-                       crop_padding=4)
-RESNET18_CIFAR100 = Recipe(epochs=75, batch_size=128, lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True,
-                           milestones=(25, 50), gamma=0.1, crop_padding=4, flip=True)
-RESNET18_TINYIMAGENET = Recipe(epochs=200, batch_size=128, lr=0.2, momentum=0.9, weight_decay=5e-4,
-                               schedule="cosine", crop_padding=4, flip=True)
+OPTUNET_MNIST = Recipe(
+    epochs=60, batch_size=64, lr=0.04, weight_decay=2e-4, milestones=(15, 30), gamma=0.5, crop_padding=4
+)
+RESNET18_CIFAR100 = Recipe(
+    epochs=75,
+    batch_size=128,
+    lr=0.1,
+    momentum=0.9,
+    weight_decay=5e-4,
+    nesterov=True,
+    milestones=(25, 50),
+    gamma=0.1,
+    crop_padding=4,
+    flip=True,
+)
+RESNET18_TINYIMAGENET = Recipe(
+    epochs=200,
+    batch_size=128,
+    lr=0.2,
+    momentum=0.9,
+    weight_decay=5e-4,
+    schedule="cosine",
+    crop_padding=4,
+    flip=True,
+)
 
 
 def streams(seed: int) -> tuple[int, int]:
@@ -131,8 +157,10 @@ def init_model(make: Callable[[], nn.Module], seed: int) -> nn.Module:
 def init_params(make: Callable[[], nn.Module], seeds: Sequence[int]) -> Params:
     """Initial parameters of one model per seed, stacked: ``{name: (len(seeds), ...)}``."""
     models = [init_model(make, s) for s in seeds]
-    return {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]) for k, _ in
-            models[0].named_parameters()}
+    return {
+        k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+        for k, _ in models[0].named_parameters()
+    }
 
 
 def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +180,7 @@ def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[
 
 
 def pad_images(x: torch.Tensor, padding: int, fill: float | Sequence[float] = 0.0) -> torch.Tensor:
-    """Images ``(N, C, H, W)`` padded by ``padding`` pixels of value ``fill`` (a number or one per channel)."""
+    """Images ``(N, C, H, W)`` padded by ``padding`` pixels of ``fill`` (a number or one per channel)."""
     if not padding:
         return x
     fill_t = torch.as_tensor(fill, dtype=x.dtype, device=x.device).reshape(-1)
@@ -194,9 +222,43 @@ def crop(xpad: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, size: int) ->
 
 
 def _toeplitz_index(width: int, k: int, out: int) -> torch.Tensor:
-    """``(width, out)`` index into a kernel row padded with one zero: ``j' - j`` if inside the kernel, else ``k``."""
+    """``(width, out)`` index into a kernel row padded by a zero: ``j' - j`` inside the kernel, else ``k``."""
     d = torch.arange(width)[:, None] - torch.arange(out)[None, :]
     return torch.where((d >= 0) & (d < k), d, torch.full_like(d, k))
+
+
+def _conv_matrix_index(side: int, k: int, outs: int) -> torch.Tensor:
+    """``(side**2, outs * o**2)`` index (``o = side - k + 1``) into ``outs`` flattened ``k x k`` kernels
+    followed by one zero: the matrix of a 1-channel ``side x side`` valid convolution, ``outs`` outputs."""
+    o = side - k + 1
+    i, j = torch.arange(side).view(-1, 1, 1, 1, 1), torch.arange(side).view(1, -1, 1, 1, 1)
+    c = torch.arange(outs).view(1, 1, -1, 1, 1)
+    p, q = torch.arange(o).view(1, 1, 1, -1, 1), torch.arange(o).view(1, 1, 1, 1, -1)
+    di, dj = i - p, j - q
+    inside = (di >= 0) & (di < k) & (dj >= 0) & (dj < k)
+    idx = torch.where(inside, c * k * k + di.clamp(0, k - 1) * k + dj.clamp(0, k - 1), outs * k * k)
+    return idx.reshape(side * side, outs * o * o)
+
+
+def _one_hot_columns(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """``(n, idx.numel())`` 0/1 matrix with a 1 at ``(idx[c], c)`` wherever ``idx[c] < n``: ``w @ E``
+    places the weights ``w`` into the pattern ``idx`` (exactly), and its gradient sums them back."""
+    flat = idx.reshape(-1)
+    e = torch.zeros(n + 1, flat.numel())
+    e[flat, torch.arange(flat.numel())] = 1.0
+    return e[:n]
+
+
+@functools.cache
+def _optunet_patterns(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 0/1 matrices that turn conv 1's (32) and one conv 2 group's (125) weights into their
+    Toeplitz (112 x 48) and dense (64 x 80) matrices."""
+    toe = _toeplitz_index(28, 4, 24).view(1, 28, 1, 24)  # (j', j) -> kernel column or 4 (outside)
+    c, k = torch.arange(2).view(1, 1, -1, 1), torch.arange(4).view(-1, 1, 1, 1)
+    idx1 = torch.where(toe < 4, c * 16 + k * 4 + toe, 32)  # (k, j', c, j)
+    e1 = _one_hot_columns(idx1, 32)
+    e2 = _one_hot_columns(_conv_matrix_index(8, 5, 5), 125)
+    return e1.to(device=device, dtype=dtype), e2.to(device=device, dtype=dtype)
 
 
 def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
@@ -214,27 +276,23 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     m = w1.shape[0]
     if x.shape[-3:] != (1, 28, 28) or x.ndim not in (4, 5):
         raise ValueError(f"OptuNet takes (M, B, 1, 28, 28) or (B, 1, 28, 28) images, got {tuple(x.shape)}")
+    e1, e2 = _optunet_patterns(str(w1.device), w1.dtype)
     # conv 1 as a Toeplitz product; only output rows/columns 0..23 survive the 3x3 pooling.
-    wpad = F.pad(w1.reshape(m, 2, 4, 4), (0, 1))  # (M, 2, 4, 5): a zero after each kernel row
-    t = wpad[:, :, :, _toeplitz_index(28, 4, 24).to(x.device)]  # (M, 2, 4, 28, 24)
-    t = t.permute(0, 2, 3, 1, 4).reshape(m, 112, 48)  # rows (k, j'), columns (c, j)
+    t = (w1.reshape(m, 32) @ e1).view(m, 112, 48)  # rows (k, j'), columns (c, j)
     rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2)  # (..., 24, 4, 28)
     if x.ndim == 4:
         b = x.shape[0]
-        z = (rows.reshape(b * 24, 112) @ t.permute(1, 0, 2).reshape(112, m * 48))
+        z = rows.reshape(b * 24, 112) @ t.permute(1, 0, 2).reshape(112, m * 48)
         z = z.view(b, 24, m, 48).permute(2, 0, 1, 3)
     else:
         b = x.shape[1]
         z = torch.bmm(rows.reshape(m, b * 24, 112), t)
     # max-pool 3 (windows never straddle the two channels, 24 = 8 * 3), then ReLU (they commute).
     z = F.relu(F.max_pool2d(z.reshape(m * b, 1, 24, 48), 3))  # (M*B, 1, 8, 16): rows i, columns (c, j)
-    # grouped conv 2 (2 groups of 1 -> 5 channels, 5x5) as a Toeplitz product per (model, group).
-    h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4)  # (M, 2, B, 8, 8)
-    rows2 = h.unfold(3, 5, 1).transpose(-1, -2).reshape(m * 2, b * 4, 40)  # rows (k, j')
-    w2pad = F.pad(w2.reshape(m, 2, 5, 5, 5), (0, 1))  # (M, group, out, k, 6)
-    t2 = w2pad[..., _toeplitz_index(8, 5, 4).to(x.device)]  # (M, 2, 5, 5, 8, 4): (g, o, k, j', j)
-    t2 = t2.permute(0, 1, 3, 4, 2, 5).reshape(m * 2, 40, 20)  # columns (o, j)
-    h2 = F.relu(torch.bmm(rows2, t2)).view(m, 2, b, 4, 5, 4).mean(dim=(3, 5))  # GAP: (M, 2, B, 5)
+    # grouped conv 2 (2 groups of 1 -> 5 channels, 5x5) as one dense (64, 80) product per (model, group).
+    h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4).reshape(m * 2, b, 64)  # (M*2, B, 8*8)
+    t2 = (w2.reshape(m * 2, 125) @ e2).view(m * 2, 64, 80)  # rows (i, j), columns (o, p, q)
+    h2 = F.relu(torch.bmm(h, t2)).view(m, 2, b, 5, 16).mean(-1)  # GAP: (M, 2, B, 5)
     feats = h2.permute(0, 2, 1, 3).reshape(m, b, 10)
     return torch.baddbmm(fb[:, None, :], feats, fw.transpose(1, 2))
 
@@ -242,7 +300,9 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
 STACKED_FORWARD = {"optunet": optunet_forward}
 
 
-def sgd_step(params: Params, grads: Params, bufs: Params | None, lr: float, recipe: Recipe) -> tuple[Params, Params]:
+def sgd_step(
+    params: Params, grads: Params, bufs: Params | None, lr: float, recipe: Recipe
+) -> tuple[Params, Params]:
     r"""One ``torch.optim.SGD`` step on stacked tensors (dampening 0): with :math:`d = g + \lambda\theta`,
     :math:`b \leftarrow \mu b + d` (:math:`b = d` at the first step), :math:`d \leftarrow d + \mu b`
     (Nesterov) or :math:`b`, then :math:`\theta \leftarrow \theta - \eta d`.
@@ -299,7 +359,9 @@ def train_stacked(
     forward = STACKED_FORWARD[arch]
     m = len(seeds)
     if any(p.shape[0] != m for p in params.values()):
-        raise ValueError(f"params must be stacked for {m} models; got shapes {[tuple(p.shape) for p in params.values()]}")
+        raise ValueError(
+            f"params must be stacked for {m} models; got shapes {[tuple(p.shape) for p in params.values()]}"
+        )
     dev = x.device
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
@@ -313,16 +375,21 @@ def train_stacked(
         perms = torch.stack([p for p, _ in plans]).to(dev)
         augs = torch.stack([a for _, a in plans]).to(dev)
         for start in range(0, n, recipe.batch_size):
-            idx = perms[:, start:start + recipe.batch_size]
-            xb = crop(xpad, idx, augs[:, start:start + recipe.batch_size], size)
+            idx = perms[:, start : start + recipe.batch_size]
+            xb = crop(xpad, idx, augs[:, start : start + recipe.batch_size], size)
             yb = y[idx]
             leaves = {k: v.requires_grad_(True) for k, v in theta.items()}
             logits = forward(leaves, xb)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="sum")
             grads = torch.autograd.grad(loss / idx.shape[1], list(leaves.values()))
             with torch.no_grad():
-                theta, bufs = sgd_step({k: v.detach() for k, v in leaves.items()}, dict(zip(leaves, grads)),
-                                       bufs, lr, recipe)
+                theta, bufs = sgd_step(
+                    {k: v.detach() for k, v in leaves.items()},
+                    dict(zip(leaves, grads, strict=True)),
+                    bufs,
+                    lr,
+                    recipe,
+                )
             step += 1
             if max_steps is not None and step >= max_steps:
                 return theta
@@ -350,8 +417,13 @@ def train_plain(
     import copy
 
     model = copy.deepcopy(model).to(x.device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
-                          weight_decay=recipe.weight_decay, nesterov=recipe.nesterov)
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=recipe.lr,
+        momentum=recipe.momentum,
+        weight_decay=recipe.weight_decay,
+        nesterov=recipe.nesterov,
+    )
     gen = _generators([seed])[0]
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
@@ -362,8 +434,8 @@ def train_plain(
         perm, aug = epoch_plan(gen, n, recipe.crop_padding, recipe.flip)
         perm, aug = perm.to(x.device), aug.to(x.device)
         for start in range(0, n, recipe.batch_size):
-            idx = perm[start:start + recipe.batch_size]
-            xb = crop(xpad, idx, aug[start:start + recipe.batch_size], size)
+            idx = perm[start : start + recipe.batch_size]
+            xb = crop(xpad, idx, aug[start : start + recipe.batch_size], size)
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(xb), y[idx]).backward()
             opt.step()
@@ -374,30 +446,33 @@ def train_plain(
 
 
 @torch.no_grad()
-def evaluate_stacked(params: Params, x: torch.Tensor, y: torch.Tensor, arch: str = "optunet",
-                     batch_size: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+def evaluate_stacked(
+    params: Params, x: torch.Tensor, y: torch.Tensor, arch: str = "optunet", batch_size: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accuracy and mean cross-entropy of every stacked model on ``(x, y)``: two ``(M,)`` tensors."""
     forward = STACKED_FORWARD[arch]
     m = next(iter(params.values())).shape[0]
     correct = torch.zeros(m, dtype=torch.float64, device=x.device)
     loss = torch.zeros(m, dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], batch_size):
-        logits = forward(params, x[start:start + batch_size])
-        yb = y[start:start + batch_size]
+        logits = forward(params, x[start : start + batch_size])
+        yb = y[start : start + batch_size]
         correct += (logits.argmax(-1) == yb).sum(1)
         loss += F.cross_entropy(logits.transpose(1, 2), yb.expand(m, -1), reduction="none").sum(1).double()
     return (correct / x.shape[0]).float(), (loss / x.shape[0]).float()
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
+def evaluate_model(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000
+) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of one model (eval mode) on ``(x, y)``."""
     was = model.training
     model.eval()
     correct, loss = 0, 0.0
     for start in range(0, x.shape[0], batch_size):
-        logits = model(x[start:start + batch_size])
-        yb = y[start:start + batch_size]
+        logits = model(x[start : start + batch_size])
+        yb = y[start : start + batch_size]
         correct += int((logits.argmax(-1) == yb).sum())
         loss += float(F.cross_entropy(logits, yb, reduction="sum"))
     model.train(was)

@@ -41,7 +41,7 @@ def conv_spec(model: nn.Sequential) -> Spec:
     names = [n for n, m in model.named_children() if isinstance(m, (nn.Conv2d, nn.Linear))]
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     actions, scales = [], {}
-    for i, (a, b) in enumerate(zip(names[:-1], names[1:])):
+    for i, (a, b) in enumerate(zip(names[:-1], names[1:], strict=False)):
         lab = f"c{i}"
         scales[lab] = shapes[f"{a}.weight"][0]
         actions.append(Action(f"{a}.weight", 0, lab, lab, 1))
@@ -58,11 +58,15 @@ def convnet(seed=0):
     return m, conv_spec(m), _params(m)
 
 
-def random_orbit_point(theta, spec, seed, log_range=math.log(8.0)):
+def random_orbit_point(theta, spec, seed, log_range=2.0794415416798357):  # log 8
     g = ops.random_element(spec, "scale", batch=spec.batch_shape(theta), log_range=log_range,
                            generator=torch.Generator().manual_seed(seed))
     return ops.scale(theta, spec, g.scales)
 
+
+# cvxpy (clarabel at 1e-10 tolerances) gets the optimal mass to ~1e-11 but the scales, along which the
+# optimum is flat to second order, only to a few 1e-6: the scales are compared at this looser tolerance.
+SCALES_RTOL = 2e-5
 
 NETS = {"mlp": lambda: mlp([5, 7, 6, 3]), "conv": convnet}
 
@@ -176,7 +180,7 @@ def test_agrees_with_cvxpy(arch, mode):
     scales, value = minmass.reference(theta, spec, mode=mode)
     assert abs(value / float(r.mass_after) - 1) < 1e-6
     for k in scales:
-        assert torch.allclose(scales[k], r.scales[k], rtol=1e-6), k
+        assert torch.allclose(scales[k], r.scales[k], rtol=SCALES_RTOL), k
 
 
 def test_negative_control_cvxpy_sees_a_different_network():
@@ -309,3 +313,77 @@ def test_batchnorm_scale_direction_has_no_minimiser():
         y2 = torch.func.functional_call(m, shrunk, (x,))
         assert torch.allclose(y, y2, rtol=1e-10, atol=1e-12)
         assert shrunk["0.weight"].square().sum() < theta["0.weight"].square().sum() * c
+
+
+# ------------------------------------------------------------------------ traced architectures
+
+
+def _randomise_bn(model):
+    g = torch.Generator().manual_seed(5)
+    for mod in model.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.copy_(torch.rand(mod.num_features, generator=g) * 2 - 1)
+            mod.running_var.copy_(torch.rand(mod.num_features, generator=g) * 1.5 + 0.5)
+            mod.weight.data.copy_(torch.rand(mod.num_features, generator=g) + 0.5)
+            mod.bias.data.copy_(torch.rand(mod.num_features, generator=g) * 2 - 1)
+    return model.eval()
+
+
+def test_optunet_grouped_conv_agrees_with_cvxpy():
+    from symlib import trace
+
+    torch.manual_seed(0)
+    net = models.OptuNet().double()
+    spec = trace.spec_of(net, (1, 28, 28))
+    theta = random_orbit_point(_params(net), spec, 4)
+    r = minmass.minmass(theta, spec, tol=1e-12)  # checks the function
+    # the grouped conv's mass counts only its stored (block-diagonal) weights
+    assert torch.allclose(r.mass_before, sum(theta[k].square().sum() for k in spec.weights), rtol=1e-12)
+    scales, value = minmass.reference(theta, spec, mode="gp")
+    assert abs(value / float(r.mass_after) - 1) < 1e-6
+    for k in scales:
+        assert torch.allclose(scales[k], r.scales[k], rtol=SCALES_RTOL)
+
+
+def test_resnet_with_batchnorm_folded():
+    """ResNet-20 (residual ties, 1x1 shortcuts, BatchNorm): refused as is, solved once folded."""
+    from symlib import trace
+
+    torch.manual_seed(0)
+    net = _randomise_bn(models.ResNet20(width=4).double())
+    theta = _params(net)
+    with pytest.raises(SymmetryError, match="fold_batchnorm"):
+        minmass.minmass(theta, trace.spec_of(net, (3, 8, 8)))
+    folded = minmass.fold_batchnorm(theta, net, input_shape=(3, 8, 8))
+    assert folded.error < 1e-10 and len(folded.pairs) == sum(
+        isinstance(m, nn.BatchNorm2d) for m in net.modules())
+    spec = trace.spec_of(folded.model, (3, 8, 8))
+    start = random_orbit_point(folded.theta, spec, 0)
+    r = minmass.minmass(start, spec, tol=1e-12)  # checks the function
+    assert bool(r.converged) and r.mass_after < r.mass_before
+    other = minmass.minmass(random_orbit_point(folded.theta, spec, 1), spec).theta
+    for k in spec.weights:
+        assert torch.allclose(other[k], r.theta[k], rtol=1e-7, atol=1e-12)
+    _, value = minmass.reference(start, spec, mode="lse")
+    assert abs(value / float(r.mass_after) - 1) < 1e-6
+
+
+def test_sweeps_only_path_reaches_the_same_optimum():
+    """Networks too large for a dense Newton step use the closed-form sweeps alone."""
+    _, spec, theta = convnet()
+    theta = random_orbit_point(theta, spec, 7)
+    newton = minmass.minmass(theta, spec, tol=1e-11)
+    sweeps = minmass.minmass(theta, spec, tol=1e-11, max_dense=0)
+    assert sweeps.iterations > newton.iterations
+    assert torch.allclose(sweeps.mass_after, newton.mass_after, rtol=1e-12)
+    for k in spec.scales:
+        assert torch.allclose(sweeps.scales[k], newton.scales[k], rtol=1e-8)
+
+
+def test_not_converged_is_an_error_unless_asked():
+    _, spec, theta = mlp([4, 6, 5, 3])
+    theta = random_orbit_point(theta, spec, 0)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        minmass.minmass(theta, spec, sweeps=1, max_newton=0)
+    r = minmass.minmass(theta, spec, sweeps=1, max_newton=0, strict=False)
+    assert not bool(r.converged) and r.mass_after < r.mass_before  # one sweep already helps

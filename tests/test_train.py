@@ -1,0 +1,171 @@
+"""The stacked trainer against the plain single-model loop, and the recipes against PyTorch's schedulers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from symlib import models
+from symlib import train as T
+
+
+def _double_stack(seeds):
+    return {k: v.double() for k, v in T.init_params(models.OptuNet, seeds).items()}
+
+
+@settings(max_examples=10, deadline=None)
+@given(m=st.integers(1, 4), b=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_stacked_forward_is_optunet(m, b, seed):
+    """optunet_forward(theta, x)[i] = OptuNet_i(x_i) in float64, per-model and shared inputs."""
+    seeds = list(range(seed, seed + m))
+    theta = _double_stack(seeds)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    out = T.optunet_forward(theta, x)
+    shared = T.optunet_forward(theta, x[0])
+    for i, s in enumerate(seeds):
+        net = T.init_model(models.OptuNet, s).double()
+        torch.testing.assert_close(out[i], net(x[i]), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(shared[i], net(x[0]), rtol=1e-12, atol=1e-12)
+
+
+def test_stacked_forward_rejects_wrong_images():
+    theta = T.init_params(models.OptuNet, [0])
+    with pytest.raises(ValueError, match="28, 28"):
+        T.optunet_forward(theta, torch.zeros(1, 2, 1, 32, 32))
+
+
+RECIPES = {
+    "paper-optunet": T.OPTUNET_MNIST,
+    "momentum-flip": dataclasses.replace(T.OPTUNET_MNIST, momentum=0.9, flip=True),
+    "nesterov-cosine": dataclasses.replace(
+        T.OPTUNET_MNIST, momentum=0.9, nesterov=True, schedule="cosine", epochs=3
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_stacked_trainer_equals_plain_loop(name):
+    """Same seeds -> same init, batches, crops and SGD updates: the M-model trainer reproduces M runs of
+    the plain nn.Module + torch.optim.SGD loop (float64, so agreement is to rounding)."""
+    recipe = dataclasses.replace(RECIPES[name], batch_size=16)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 1, 28, 28, generator=g, dtype=torch.float64)  # 3 batches, the last one smaller
+    y = torch.randint(0, 10, (40,), generator=g)
+    seeds = [5, 17, 2]
+    fast = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, fill=-0.4, epochs=3)
+    for i, s in enumerate(seeds):
+        ref = T.train_plain(T.init_model(models.OptuNet, s).double(), s, x, y, recipe, fill=-0.4, epochs=3)
+        for k, v in ref.named_parameters():
+            torch.testing.assert_close(fast[k][i], v.detach(), rtol=1e-9, atol=1e-11)
+    # negative control: another seed's run differs
+    other = T.train_plain(T.init_model(models.OptuNet, 99).double(), 99, x, y, recipe, fill=-0.4, epochs=3)
+    assert not torch.allclose(fast["fc.weight"][0], other.fc.weight, atol=1e-4)
+
+
+def test_models_are_independent_runs():
+    """Each seed has its own init and data stream, and the streams of one seed are not the same numbers."""
+    a, b = T.streams(0), T.streams(1)
+    assert len({*a, *b}) == 4
+    p = T.init_params(models.OptuNet, [0, 1])
+    assert not torch.equal(p["conv1.weight"][0], p["conv1.weight"][1])
+    perms = [T.epoch_plan(torch.Generator().manual_seed(T.streams(s)[1]), 100, 4, False)[0] for s in (0, 1)]
+    assert not torch.equal(*perms)
+    with pytest.raises(ValueError, match="non-negative"):
+        T.streams(-1)
+
+
+@pytest.mark.parametrize("name", ["step", "cosine"])
+def test_recipe_schedule_matches_torch(name):
+    recipe = T.OPTUNET_MNIST if name == "step" else T.RESNET18_TINYIMAGENET
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=recipe.lr)
+    sched = (
+        torch.optim.lr_scheduler.MultiStepLR(opt, list(recipe.milestones), recipe.gamma)
+        if name == "step"
+        else torch.optim.lr_scheduler.CosineAnnealingLR(opt, recipe.epochs)
+    )
+    for epoch in range(recipe.epochs):
+        assert recipe.lr_at(epoch) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12, abs=1e-15)
+        opt.step()
+        sched.step()
+
+
+def test_scaled_recipe_keeps_milestones_inside():
+    r = T.OPTUNET_MNIST.scaled(10)
+    assert r.epochs == 10 and r.milestones == (2, 5)
+    assert T.OPTUNET_MNIST.scaled(1).milestones == ()
+    with pytest.raises(ValueError, match="schedule"):
+        T.Recipe(epochs=1, batch_size=1, lr=0.1, schedule="linear")
+
+
+def test_crop_is_a_window_of_the_padded_image():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 3, 6, 6, generator=g)
+    xpad = T.pad_images(x, 2, fill=(-1.0, 0.5, 2.0))
+    assert torch.equal(xpad[:, :, 2:-2, 2:-2], x)
+    assert torch.all(xpad[:, 1, 0] == 0.5) and torch.all(xpad[:, 2, :, -1] == 2.0)
+    idx = torch.tensor([[4, 0], [2, 2]])
+    aug = torch.tensor([[[0, 3, 0], [4, 1, 1]], [[2, 2, 0], [1, 0, 1]]])
+    out = T.crop(xpad, idx, aug, 6)
+    assert out.shape == (2, 2, 3, 6, 6)
+    for i in range(2):
+        for j in range(2):
+            r, c, f = aug[i, j].tolist()
+            ref = xpad[idx[i, j], :, r : r + 6, c : c + 6]
+            assert torch.equal(out[i, j], ref.flip(-1) if f else ref)
+    assert torch.equal(T.crop(xpad, idx, torch.full_like(aug, 2) * torch.tensor([1, 1, 0]), 6), x[idx])
+
+
+def test_sgd_step_is_pure_and_matches_torch():
+    recipe = dataclasses.replace(T.RESNET18_CIFAR100)
+    p = {"w": torch.randn(2, 3)}
+    grads = [{"w": torch.randn(2, 3)} for _ in range(3)]
+    before = p["w"].clone()
+    ref = p["w"].clone().requires_grad_(True)
+    opt = torch.optim.SGD([ref], lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    theta, bufs = p, None
+    for g in grads:
+        theta, bufs = T.sgd_step(theta, g, bufs, 0.1, recipe)
+        ref.grad = g["w"].clone()
+        opt.step()
+    assert torch.equal(p["w"], before)
+    torch.testing.assert_close(theta["w"], ref.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_evaluate_stacked_equals_per_model():
+    seeds = [0, 1, 2]
+    theta = T.init_params(models.OptuNet, seeds)
+    x, y = torch.randn(30, 1, 28, 28), torch.randint(0, 10, (30,))
+    acc, loss = T.evaluate_stacked(theta, x, y, batch_size=7)
+    for i, s in enumerate(seeds):
+        a, lo = T.evaluate_model(T.init_model(models.OptuNet, s), x, y, batch_size=7)
+        assert acc[i].item() == pytest.approx(a) and loss[i].item() == pytest.approx(lo, rel=1e-5)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "recipe,classes,size", [(T.RESNET18_CIFAR100, 100, 32), (T.RESNET18_TINYIMAGENET, 200, 64)]
+)
+def test_paper_resnet_recipes_run_on_synthetic_data(recipe, classes, size, device):
+    """The paper-scale ResNet-18 recipes (Nesterov/step and cosine) take real steps on images of the right
+    shape: the loss is finite, the weights move, and the input model is left alone."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 3, size, size, generator=g).to(device)
+    y = torch.randint(0, classes, (8,), generator=g).to(device)
+    net = T.init_model(lambda: models.ResNet18(num_classes=classes, width=4), 0)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    trained = T.train_plain(net, 0, x, y, dataclasses.replace(recipe, batch_size=4), max_steps=2)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+    moved = [
+        not torch.equal(v.cpu(), before[k]) for k, v in trained.state_dict().items() if v.is_floating_point()
+    ]
+    assert all(moved)
+    acc, loss = T.evaluate_model(trained, x, y)
+    assert 0 <= acc <= 1 and torch.isfinite(torch.tensor(loss))
