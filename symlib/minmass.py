@@ -436,6 +436,20 @@ class MinMassResult:
         return int(sum(int(m.sum()) for m in self.degenerate.values()))
 
 
+def neuron_masses(theta: Params, spec: Spec) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Incoming and outgoing mass of every hidden neuron: two dicts label -> ``(*batch, n)``.
+
+    At the min-mass optimum they are equal for every non-degenerate neuron.
+    """
+    prob = problem(theta, spec)
+    B = prob.terms[0].q.shape[0]
+    dev = prob.terms[0].q.device
+    zero = {k: torch.zeros(B, n, dtype=torch.float64, device=dev) for k, n in prob.labels.items()}
+    inc, out = _in_out(prob, zero)
+    shape = lambda v: v.reshape(*prob.batch, -1)  # noqa: E731
+    return {k: shape(v) for k, v in inc.items()}, {k: shape(v) for k, v in out.items()}
+
+
 def mass(theta: Params, spec: Spec) -> torch.Tensor:
     """The mass: sum of squared weights, biases and buffers excluded, ``(*batch,)`` float64."""
     batch = _check.validate(theta, spec)

@@ -251,13 +251,12 @@ def _one_hot_columns(idx: torch.Tensor, n: int) -> torch.Tensor:
 
 @functools.cache
 def _optunet_patterns(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 0/1 matrices that turn conv 1's (32) and one conv 2 group's (125) weights into their
-    Toeplitz (112 x 48) and dense (64 x 80) matrices."""
-    toe = _toeplitz_index(28, 4, 24).view(1, 28, 1, 24)  # (j', j) -> kernel column or 4 (outside)
-    c, k = torch.arange(2).view(1, 1, -1, 1), torch.arange(4).view(-1, 1, 1, 1)
-    idx1 = torch.where(toe < 4, c * 16 + k * 4 + toe, 32)  # (k, j', c, j)
-    e1 = _one_hot_columns(idx1, 32)
-    e2 = _one_hot_columns(_conv_matrix_index(8, 5, 5), 125)
+    """The 0/1 matrices that turn one output channel's kernel of conv 1 (16 weights) and of conv 2
+    (25 weights) into its Toeplitz (112 x 24) and dense (64 x 16) matrices."""
+    toe = _toeplitz_index(28, 4, 24).view(1, 28, 24)  # (j', j) -> kernel column or 4 (outside)
+    k = torch.arange(4).view(-1, 1, 1)
+    e1 = _one_hot_columns(torch.where(toe < 4, k * 4 + toe, 16), 16)  # columns (k, j', j)
+    e2 = _one_hot_columns(_conv_matrix_index(8, 5, 1), 25)  # columns (i, j, p, q)
     return e1.to(device=device, dtype=dtype), e2.to(device=device, dtype=dtype)
 
 
@@ -277,8 +276,9 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     if x.shape[-3:] != (1, 28, 28) or x.ndim not in (4, 5):
         raise ValueError(f"OptuNet takes (M, B, 1, 28, 28) or (B, 1, 28, 28) images, got {tuple(x.shape)}")
     e1, e2 = _optunet_patterns(str(w1.device), w1.dtype)
-    # conv 1 as a Toeplitz product; only output rows/columns 0..23 survive the 3x3 pooling.
-    t = (w1.reshape(m, 32) @ e1).view(m, 112, 48)  # rows (k, j'), columns (c, j)
+    # conv 1 as a Toeplitz product, rows (k, j'), columns (c, j); only output rows/columns 0..23 survive
+    # the 3x3 pooling.
+    t = (w1.reshape(m * 2, 16) @ e1).view(m, 2, 112, 24).transpose(1, 2).reshape(m, 112, 48)
     rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2)  # (..., 24, 4, 28)
     if x.ndim == 4:
         b = x.shape[0]
@@ -291,7 +291,8 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     z = F.relu(F.max_pool2d(z.reshape(m * b, 1, 24, 48), 3))  # (M*B, 1, 8, 16): rows i, columns (c, j)
     # grouped conv 2 (2 groups of 1 -> 5 channels, 5x5) as one dense (64, 80) product per (model, group).
     h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4).reshape(m * 2, b, 64)  # (M*2, B, 8*8)
-    t2 = (w2.reshape(m * 2, 125) @ e2).view(m * 2, 64, 80)  # rows (i, j), columns (o, p, q)
+    # t2: (M*2, 64, 80), rows (i, j), columns (o, p, q)
+    t2 = (w2.reshape(m * 10, 25) @ e2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
     h2 = F.relu(torch.bmm(h, t2)).view(m, 2, b, 5, 16).mean(-1)  # GAP: (M, 2, B, 5)
     feats = h2.permute(0, 2, 1, 3).reshape(m, b, 10)
     return torch.baddbmm(fb[:, None, :], feats, fw.transpose(1, 2))

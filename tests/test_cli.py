@@ -84,6 +84,7 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    (out / ".chunk-00001.safetensors.abc.tmp").write_bytes(b"half a file")  # as if killed while writing
     done = sorted(p.name for p in out.glob("chunk-*.safetensors"))
     assert 1 <= len(done) < cfg.n_chunks, f"the kill came too late to test resuming: {done}"
     with pytest.raises(zoo.ZooError, match="incomplete"):

@@ -13,7 +13,15 @@ from torch import nn
 from symlib import check, minmass, models, ops
 from symlib.spec import Action, Spec, SymmetryError, functional_forward, mlp_spec
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float64():
+    """Every claim here is exact: this module runs in float64, and restores the default afterwards."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
