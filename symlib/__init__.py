@@ -3,9 +3,22 @@
 The companion library of the living paper reproducing Laurent, Aldea & Franchi,
 *A Symmetry-Aware Exploration of Bayesian Neural Network Posteriors* (ICLR 2024).
 Modules hold one concept each; calls read ``symlib.canonical.normalize(...)``.
+
+The core modules import eagerly; the heavier ones (``minmass`` pulls in cvxpy
+lazily, ``zoo`` and ``train`` the data loaders) load on first access.
 """
 
-from symlib import canonical, check, data, models, ops, scales, spec
+import importlib
+
+from symlib import canonical, check, counting, data, models, ops, scales, spec, trace
 
 __version__ = "0.1.0"
-__all__ = ["canonical", "check", "data", "models", "ops", "scales", "spec", "__version__"]
+_LAZY = ("minmass", "plotting", "toy", "train", "zoo", "cli")
+__all__ = ["canonical", "check", "counting", "data", "models", "ops", "scales", "spec", "trace",
+           *_LAZY, "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return importlib.import_module(f"symlib.{name}")
+    raise AttributeError(f"module 'symlib' has no attribute {name!r}")

@@ -59,12 +59,15 @@ def outputs(spec: Spec, theta: Params, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*batch, *out.shape[1:])
 
 
-def random_inputs(spec: Spec, n: int = 32, dtype=torch.float64, device=None, seed: int = 0) -> torch.Tensor:
+def random_inputs(spec: Spec, n: int = 32, dtype=torch.float64, device=None, seed: int = 0
+                  ) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, *spec.input_shape, generator=g, dtype=dtype).to(device)
 
 
-def function_error(spec: Spec, theta_a: Params, theta_b: Params, x: torch.Tensor | None = None) -> torch.Tensor:
+def function_error(
+    spec: Spec, theta_a: Params, theta_b: Params, x: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-network relative output error ``max|f_a - f_b| / max(1, max|f_a|)`` on inputs ``x``."""
     dtype = next(iter(theta_a.values())).dtype
     device = next(iter(theta_a.values())).device

@@ -46,7 +46,7 @@ class MLP(nn.Sequential):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose from {sorted(_ACTIVATIONS)}")
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=False)):
             if i:
                 layers.append(_ACTIVATIONS[activation]())
             layers.append(nn.Linear(int(a), int(b), bias=bias))

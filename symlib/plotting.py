@@ -16,14 +16,6 @@ sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
 plt.rcParams.update({"figure.dpi": 110, "savefig.bbox": "tight", "axes.titlesize": "medium"})
 
 
-def glue_figure(name: str, fig) -> None:
-    """Glue ``fig`` under ``name`` for the book (myst-nb) and close it, so it is shown only where glued."""
-    from myst_nb import glue
-
-    glue(name, fig, display=False)
-    plt.close(fig)
-
-
 def window(points: Sequence[np.ndarray], coverage: float = 0.98) -> float:
     """Half-width of a square window centred on 0 holding ``coverage`` of the points of every set."""
     return float(max(np.quantile(np.abs(p).max(axis=1), coverage) for p in points))
@@ -49,7 +41,7 @@ def figure1(panels: dict[str, np.ndarray], half_width: float, gridsize: int = 10
         gridsize: KDE evaluation grid per axis.
     """
     fig, axs = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
-    for ax, (title, w) in zip(axs[0], panels.items()):
+    for ax, (title, w) in zip(axs[0], panels.items(), strict=True):
         inside = w[(np.abs(w) <= half_width).all(axis=1)]
         sns.kdeplot(x=inside[:, 0], y=inside[:, 1], fill=True, levels=12, thresh=0.02, cmap="mako_r",
                     gridsize=gridsize, clip=((-half_width, half_width),) * 2, ax=ax)
@@ -57,4 +49,54 @@ def figure1(panels: dict[str, np.ndarray], half_width: float, gridsize: int = 10
         ax.set(xlim=(-half_width, half_width), ylim=(-half_width, half_width), aspect="equal",
                xlabel="$w_1$ (output weight of hidden neuron 1)", ylabel="$w_2$", title=title)
     fig.tight_layout()
+    return fig
+
+
+def figure2(mass_before: np.ndarray, mass_after: np.ndarray, max_before: dict[str, np.ndarray],
+            max_after: dict[str, np.ndarray], sizes: dict[str, int], ts: np.ndarray, path: np.ndarray,
+            n_paths: int = 20):
+    r"""Paper Figure 2: min-mass on a zoo (book: chapter "Min-mass").
+
+    Args:
+        mass_before, mass_after: mass of every network, trained and at its optimum.
+        max_before, max_after: layer -> largest absolute weight of every network.
+        sizes: layer -> number of weights.
+        ts: positions ``t`` on the segment ``lambda^{*t}`` (0: trained, 1: optimum).
+        path: ``(len(ts), networks)`` mass along the segment over the trained mass.
+        n_paths: how many networks panel (c) draws.
+    """
+    layers = list(max_before)
+    fig, axs = plt.subplots(1, 3, figsize=(13, 3.6))
+    lo, hi = min(mass_before.min(), mass_after.min()), max(mass_before.max(), mass_after.max())
+    bins = np.linspace(lo, hi, 30)
+    axs[0].hist(mass_before, bins=bins, alpha=0.6, label="trained")
+    axs[0].hist(mass_after, bins=bins, alpha=0.6, label="min-mass")
+    axs[0].set(xlabel=r"mass $M$", ylabel="networks", title="(a) mass")
+    axs[0].legend()
+    pos = np.arange(len(layers))
+    for shift, values, color in ((-0.18, max_before, "C0"), (0.18, max_after, "C1")):
+        axs[1].boxplot([values[k] for k in layers], positions=pos + shift, widths=0.3,
+                       patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6})
+    axs[1].set_xticks(pos, [f"{k.split('.')[0]}\n{sizes[k]}" for k in layers])
+    axs[1].set(xlabel="layer, number of weights", ylabel=r"$\max_i |w_i|$",
+               title="(b) largest weight per layer")
+    for i in range(min(n_paths, path.shape[1])):
+        axs[2].plot(ts, path[:, i], color="C0", alpha=0.4, lw=1)
+    axs[2].axvline(1.0, color="C1", ls="--", lw=1)
+    axs[2].set(xlabel=r"$t$ (scales $\lambda^{*t}$)", ylabel=r"$M / M(\theta)$",
+               title="(c) mass along the orbit")
+    fig.tight_layout()
+    return fig
+
+
+def imbalance_scatter(at_init: dict[str, np.ndarray], trained: dict[str, np.ndarray]):
+    """Incoming minus outgoing mass of every hidden neuron, at initialisation vs after training
+    (book: chapter "Min-mass"; zero for every neuron at the min-mass optimum)."""
+    fig, ax = plt.subplots(figsize=(4.2, 3.6))
+    for k in at_init:
+        ax.scatter(at_init[k], trained[k], s=6, alpha=0.5, label=k)
+    ax.axhline(0, color="gray", lw=1, ls="--")
+    ax.legend(title="layer", markerscale=2)
+    ax.set(xlabel=r"$a_i - b_i$ at initialisation", ylabel=r"$a_i - b_i$ after training",
+           title="(d) imbalance of each neuron")
     return fig

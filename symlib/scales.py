@@ -42,13 +42,17 @@ def pick(scale: str, **by_scale: T) -> T:
 def check_device(device: Any) -> torch.device:
     """Validate a ``device`` parameter ("cpu", "cuda", "cuda:1", ...) and that it is usable here."""
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a string such as 'cpu' or 'cuda'; got {type(device).__name__} {device!r}")
+        raise TypeError(
+            f"device must be a string such as 'cpu' or 'cuda'; got {type(device).__name__} {device!r}"
+        )
     try:
         dev = torch.device(device)
     except RuntimeError as e:
         raise ValueError(f"unknown device {device!r}: {e}; use 'cpu' or 'cuda'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} was asked for but CUDA is not available here; use device='cpu'")
+        raise RuntimeError(
+            f"device {device!r} was asked for but CUDA is not available here; use device='cpu'"
+        )
     return dev
 
 

@@ -87,7 +87,7 @@ def init_mlps(widths: Sequence[int], n_models: int, generator: torch.Generator |
     :class:`symlib.models.MLP` (``"0.weight"``, ``"0.bias"``, ``"2.weight"``, ...).
     """
     theta = {}
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=False)):
         bound = 1.0 / math.sqrt(a)
         w = torch.rand(n_models, b, a, generator=generator, dtype=torch.float64)
         bias = torch.rand(n_models, b, generator=generator, dtype=torch.float64)
@@ -133,7 +133,7 @@ def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y
     ``dL/da_{l-1} = W_l^T dz_l`` and ``dz_{l-1} = dL/da_{l-1} * 1[z_{l-1} > 0]``.
     """
     acts, zs = [x], []
-    for i, (w, b) in enumerate(zip(ws, bs)):
+    for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
         z = (w.unsqueeze(2) * acts[-1].unsqueeze(0)).sum(1) + b.unsqueeze(1)
         zs.append(z)
         if i < len(ws) - 1:

@@ -213,8 +213,10 @@ def crop(xpad: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, size: int) ->
     rows = flat_aug[:, 0, None] + ar  # (K, size)
     cols = flat_aug[:, 1, None] + torch.where(flat_aug[:, 2, None].bool(), size - 1 - ar, ar)
     lin = (rows[:, :, None] * wp + cols[:, None, :]).reshape(-1, 1, size * size)
-    sel = xpad[flat_idx].reshape(-1, c, hp * wp)
-    out = sel.gather(2, lin.expand(-1, c, -1))
+    if c == 1:  # one gather straight from the whole (padded) set
+        out = xpad.reshape(-1)[(flat_idx * (hp * wp)).view(-1, 1, 1) + lin]
+    else:
+        out = xpad[flat_idx].reshape(-1, c, hp * wp).gather(2, lin.expand(-1, c, -1))
     return out.reshape(*idx.shape, c, size, size)
 
 
@@ -301,6 +303,83 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
 STACKED_FORWARD = {"optunet": optunet_forward}
 
 
+def _crop_segments(xpad: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, size: int) -> torch.Tensor:
+    """:func:`crop` for one-channel images without flips, as one ``index_select`` of image rows: every
+    length-``size`` run of the flattened padded set is a row of an overlapping strided view, and the
+    window of image ``idx`` at offset ``(o, p)`` is the ``size`` runs starting at
+    ``idx * H' W' + (o + i) W' + p``. Same values as :func:`crop` (a copy, exact); ``lead + (1, size, size)``.
+    """
+    _, _, hp, wp = xpad.shape
+    flat = xpad.contiguous().reshape(-1)
+    runs = flat.as_strided((flat.numel() - size + 1, size), (1, 1))
+    starts = idx * (hp * wp) + aug[..., 0] * wp + aug[..., 1]
+    rows = (starts[..., None] + torch.arange(size, device=xpad.device) * wp).reshape(-1)
+    return runs.index_select(0, rows).view(*idx.shape, 1, size, size)
+
+
+def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Params]:
+    r"""Mean cross-entropy of ``M`` stacked OptuNets on their own batches and its gradient, by a
+    hand-written backward pass through the matrix form of :func:`optunet_forward` (no autograd graph).
+
+    With :math:`p = \mathrm{softmax}(\ell)`, the logits' gradient is :math:`(p - e_y) / B`; the linear layer,
+    the dense conv 2 and the Toeplitz conv 1 pass it back as matrix products (:math:`\partial A =
+    \partial Z\, T^\top`, :math:`\partial T = A^\top \partial Z`); the ReLUs by their masks; the max-pool to
+    the first maximum of each window (PyTorch's rule, which matters for ties in flat image regions); and
+    the 0/1 pattern matrices sum the gradients of the structured matrices back onto the kernels.
+
+    Args:
+        params: stacked parameters as in :func:`optunet_forward`.
+        x: ``(M, B, 1, 28, 28)`` images.
+        y: ``(M, B)`` labels.
+
+    Returns:
+        ``(loss (M,), grads)`` with ``grads`` shaped like ``params``.
+    """
+    w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
+    m, b = x.shape[0], x.shape[1]
+    e1, e2 = _optunet_patterns(str(w1.device), w1.dtype)
+    # forward, as optunet_forward, keeping what the backward pass needs
+    t = (w1.reshape(m * 2, 16) @ e1).view(m, 2, 112, 24).transpose(1, 2).reshape(m, 112, 48)
+    rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2).reshape(m, b * 24, 112)
+    z = torch.bmm(rows, t).view(m * b, 1, 24, 48)
+    pooled, where = torch.ops.aten.max_pool2d_with_indices(z, [3, 3], [3, 3])
+    a = pooled.clamp_min(0)  # (M*B, 1, 8, 16)
+    h = a.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4).reshape(m * 2, b, 64)
+    t2 = (w2.reshape(m * 10, 25) @ e2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
+    u = torch.bmm(h, t2)  # (M*2, B, 80), columns (o, p, q)
+    feats = u.clamp_min(0).view(m, 2, b, 5, 16).mean(-1).permute(0, 2, 1, 3).reshape(m, b, 10)
+    logits = torch.baddbmm(fb[:, None, :], feats, fw.transpose(1, 2))
+    logp = torch.log_softmax(logits, -1)
+    loss = -logp.gather(-1, y[..., None]).squeeze(-1).mean(-1)
+    # backward
+    d = logp.exp_()
+    d.scatter_add_(-1, y[..., None], torch.full(y.shape + (1,), -1.0, dtype=d.dtype, device=d.device))
+    d.div_(b)  # d loss / d logits, (M, B, 10)
+    g_fb = d.sum(1)
+    g_fw = torch.bmm(d.transpose(1, 2), feats)
+    d_feats = torch.bmm(d, fw).view(m, b, 2, 5).permute(0, 2, 1, 3)  # (M, 2, B, 5)
+    du = (d_feats.reshape(m * 2, b, 5, 1) / 16).expand(m * 2, b, 5, 16).reshape(m * 2, b, 80)
+    du = du.masked_fill_(u <= 0, 0)
+    g_t2 = torch.bmm(h.transpose(1, 2), du)  # (M*2, 64, 80)
+    g_w2 = g_t2.view(m * 2, 64, 5, 16).transpose(1, 2).reshape(m * 10, 1024) @ e2.T
+    dh = torch.bmm(du, t2.transpose(1, 2))  # (M*2, B, 64)
+    da = dh.view(m, 2, b, 8, 8).permute(0, 2, 3, 1, 4).reshape(m * b, 1, 8, 16)
+    da = da.masked_fill_(pooled <= 0, 0)
+    dz = torch.ops.aten.max_pool2d_with_indices_backward(da, z, [3, 3], [3, 3], [0, 0], [1, 1], False, where)
+    g_t = torch.bmm(rows.transpose(1, 2), dz.view(m, b * 24, 48))  # (M, 112, 48)
+    g_w1 = g_t.view(m, 112, 2, 24).transpose(1, 2).reshape(m * 2, 112 * 24) @ e1.T
+    grads = {
+        "conv1.weight": g_w1.view(w1.shape),
+        "conv2.weight": g_w2.view(w2.shape),
+        "fc.weight": g_fw,
+        "fc.bias": g_fb,
+    }
+    return loss, grads
+
+
+STACKED_GRADS = {"optunet": _optunet_loss_grads}
+
+
 def sgd_step(
     params: Params, grads: Params, bufs: Params | None, lr: float, recipe: Recipe
 ) -> tuple[Params, Params]:
@@ -355,9 +434,9 @@ def train_stacked(
     Returns:
         The trained stacked parameters.
     """
-    if arch not in STACKED_FORWARD:
-        raise ValueError(f"no stacked forward for {arch!r}; stacked architectures: {sorted(STACKED_FORWARD)}")
-    forward = STACKED_FORWARD[arch]
+    if arch not in STACKED_GRADS:
+        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    loss_grads = STACKED_GRADS[arch]
     m = len(seeds)
     if any(p.shape[0] != m for p in params.values()):
         raise ValueError(
@@ -367,6 +446,7 @@ def train_stacked(
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
     gens = _generators(seeds)
+    cut = _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
     theta = {k: v.detach().to(dev).clone() for k, v in params.items()}
     bufs = None
     step = 0
@@ -377,20 +457,9 @@ def train_stacked(
         augs = torch.stack([a for _, a in plans]).to(dev)
         for start in range(0, n, recipe.batch_size):
             idx = perms[:, start : start + recipe.batch_size]
-            xb = crop(xpad, idx, augs[:, start : start + recipe.batch_size], size)
-            yb = y[idx]
-            leaves = {k: v.requires_grad_(True) for k, v in theta.items()}
-            logits = forward(leaves, xb)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="sum")
-            grads = torch.autograd.grad(loss / idx.shape[1], list(leaves.values()))
-            with torch.no_grad():
-                theta, bufs = sgd_step(
-                    {k: v.detach() for k, v in leaves.items()},
-                    dict(zip(leaves, grads, strict=True)),
-                    bufs,
-                    lr,
-                    recipe,
-                )
+            xb = cut(xpad, idx, augs[:, start : start + recipe.batch_size], size)
+            _, grads = loss_grads(theta, xb, y[idx])
+            theta, bufs = sgd_step(theta, grads, bufs, lr, recipe)
             step += 1
             if max_steps is not None and step >= max_steps:
                 return theta

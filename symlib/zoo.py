@@ -554,7 +554,7 @@ def train(
     Returns:
         The manifest (also in ``out_dir/manifest.json``).
     """
-    from tqdm.auto import tqdm
+    from symlib.progress import bar as progress_bar
 
     dev = _scales.check_device(device)
     mine = _shard_chunks(cfg, shard)
@@ -591,12 +591,12 @@ def train(
     per_chunk = cfg.recipe.epochs
     total = sum(cfg.chunk_range(c)[1] - cfg.chunk_range(c)[0] for c in mine) * per_chunk
     initial = sum(len(records[c]) for c in records) * per_chunk
-    with tqdm(
-        total=total,
+    with progress_bar(
+        total,
+        f"zoo {cfg.preset}/{cfg.scale}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
+        enabled=progress,
         initial=initial,
         unit="model-epoch",
-        disable=not progress,
-        desc=f"zoo {cfg.preset}/{cfg.scale}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
     ) as bar:
         for c in todo:
             start, stop = cfg.chunk_range(c)

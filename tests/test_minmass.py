@@ -14,7 +14,6 @@ from symlib import check, minmass, models, ops
 from symlib.spec import Action, Spec, SymmetryError, functional_forward, mlp_spec
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _float64():
     """Every claim here is exact: this module runs in float64, and restores the default afterwards."""

@@ -71,7 +71,8 @@ def test_normalize_gives_unit_norms_and_is_scale_invariant(widths, seed):
     sp, theta, gen = make(widths, seed)
     out = canonical.normalize(theta, sp, p=2)
     for label in sp.scales:
-        torch.testing.assert_close(canonical.neuron_norms(out, sp, label), torch.ones(sp.scales[label], dtype=F64))
+        ones = torch.ones(sp.scales[label], dtype=F64)
+        torch.testing.assert_close(canonical.neuron_norms(out, sp, label), ones)
     g = ops.random_element(sp, "scale", generator=gen)
     assert_params_close(canonical.normalize(ops.act(g, theta, sp), sp), out, 1e-9)
 
@@ -104,7 +105,8 @@ def test_softmax_shift_keeps_probabilities_and_is_removed():
     torch.testing.assert_close(f(shifted, x).softmax(-1), f(theta, x).softmax(-1))
     assert not torch.allclose(f(shifted, x), f(theta, x))
     assert_params_close(canonical.fix_softmax_shift(shifted, sp), canonical.fix_softmax_shift(theta, sp))
-    torch.testing.assert_close(canonical.fix_softmax_shift(theta, sp)["2.bias"].sum(), torch.tensor(1.0, dtype=F64))
+    total = canonical.fix_softmax_shift(theta, sp)["2.bias"].sum()
+    torch.testing.assert_close(total, torch.tensor(1.0, dtype=F64))
 
 
 def test_non_relu_networks_refuse_scaling_but_permute():

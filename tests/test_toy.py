@@ -96,3 +96,13 @@ def test_chapter_parameters_are_validated(bad, err):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             scales.check_device("cuda")
+
+
+def test_book_glue_values_are_plain_numbers():
+    from symlib.book import plain
+
+    assert type(plain(np.float64(1.5))) is float and plain(np.float64(1.5)) == 1.5
+    assert type(plain(torch.tensor(3))) is int
+    assert type(plain(np.int64(7))) is int
+    arr = np.arange(3)
+    assert plain(arr) is arr and plain("text") == "text"

@@ -102,16 +102,18 @@ def test_scaled_recipe_keeps_milestones_inside():
         T.Recipe(epochs=1, batch_size=1, lr=0.1, schedule="linear")
 
 
-def test_crop_is_a_window_of_the_padded_image():
+@pytest.mark.parametrize("channels", [1, 3])
+def test_crop_is_a_window_of_the_padded_image(channels):
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(5, 3, 6, 6, generator=g)
-    xpad = T.pad_images(x, 2, fill=(-1.0, 0.5, 2.0))
+    x = torch.randn(5, channels, 6, 6, generator=g)
+    fill = (-1.0, 0.5, 2.0)[:channels]
+    xpad = T.pad_images(x, 2, fill=fill)
     assert torch.equal(xpad[:, :, 2:-2, 2:-2], x)
-    assert torch.all(xpad[:, 1, 0] == 0.5) and torch.all(xpad[:, 2, :, -1] == 2.0)
+    assert torch.all(xpad[:, -1, 0] == fill[-1]) and torch.all(xpad[:, 0, :, -1] == fill[0])
     idx = torch.tensor([[4, 0], [2, 2]])
     aug = torch.tensor([[[0, 3, 0], [4, 1, 1]], [[2, 2, 0], [1, 0, 1]]])
     out = T.crop(xpad, idx, aug, 6)
-    assert out.shape == (2, 2, 3, 6, 6)
+    assert out.shape == (2, 2, channels, 6, 6)
     for i in range(2):
         for j in range(2):
             r, c, f = aug[i, j].tolist()

@@ -112,7 +112,8 @@ def load_ood(
 
 def _materialise(ds: ImageDataset, source: str) -> Tensors:
     import torch
-    from tqdm.auto import tqdm
+
+    from symlib.progress import bar as progress_bar
 
     if len(ds) == 0:
         raise ValueError(f"{ds.name} {ds.split} holds no images; check the files under data_root")
@@ -122,7 +123,11 @@ def _materialise(ds: ImageDataset, source: str) -> Tensors:
         ]
         x = torch.cat(chunks) if chunks else torch.empty(0)
     else:
-        items = [ds.transform(ds.image(i)) for i in tqdm(range(len(ds)), desc=f"{ds.name} {ds.split}")]
+        with progress_bar(len(ds), f"{ds.name} {ds.split}") as bar:
+            items = []
+            for i in range(len(ds)):
+                items.append(ds.transform(ds.image(i)))
+                bar.update()
         x = torch.stack(items)
     mean, std = tensors.STATS[ds.normalize_as]
     return Tensors(
