@@ -266,14 +266,20 @@ def canonicalize(
     key, bias, incoming and outgoing sums), as exact duplicates do.
 
     Args:
-        scaling: ``"normalize"`` (unit p-norm neurons), or ``None`` to keep
+        scaling: ``"normalize"`` (unit p-norm neurons), ``"minmass"`` (the
+            lightest network of the scaling orbit, :mod:`symlib.minmass`;
+            BatchNorm networks must be folded first), or ``None`` to keep
             scales (e.g. for tanh networks, which only have permutations).
     """
     out = theta
     if scaling == "normalize":
         out = normalize(out, spec, p=p, check=False)
+    elif scaling == "minmass":
+        from symlib import minmass as _minmass  # the unique lightest member of the orbit (paper Prop. 2)
+
+        out = _minmass.minmass(out, spec, check=False).theta
     elif scaling is not None:
-        raise ValueError(f"scaling must be 'normalize' or None, got {scaling!r}")
+        raise ValueError(f"scaling must be 'normalize', 'minmass' or None, got {scaling!r}")
     out = sort(out, spec, key=key, by=by, check=False)
     return _finish(spec, theta, out, check, "canonicalize")
 

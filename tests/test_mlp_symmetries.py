@@ -152,3 +152,21 @@ def test_inputs_are_never_mutated():
     ops.act(g, theta, sp)
     canonical.canonicalize(theta, sp)
     assert_params_close(theta, before, 0)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "optunet"])
+def test_minmass_canonical_form_is_invariant(arch):
+    """canon(T theta) = canon(theta) with min-mass as the scaling removal (unique optimum, Prop. 2)."""
+    from symlib import trace
+
+    gen = torch.Generator().manual_seed(11)
+    if arch == "mlp":
+        sp, theta, _ = make([4, 6, 5, 3], 11, (3,))
+    else:
+        net = models.OptuNet().double()
+        sp = trace.spec_of(net, (1, 28, 28))
+        theta = {k: torch.randn(3, *v.shape, generator=gen, dtype=F64) for k, v in net.state_dict().items()}
+    g = ops.random_element(sp, batch=(3,), generator=gen)
+    c = canonical.canonicalize(theta, sp, scaling="minmass")
+    assert_params_close(canonical.canonicalize(ops.act(g, theta, sp), sp, scaling="minmass"), c, 1e-7)
+    assert_params_close(canonical.canonicalize(c, sp, scaling="minmass"), c, 1e-7)
