@@ -327,11 +327,23 @@ def _atomic_write_bytes(path: Path, payload: bytes) -> None:
         raise
 
 
+def tensor_digest(tensors: Params) -> str:
+    """sha256 of named tensors (names, dtypes, shapes and bytes), recorded in every chunk file so that
+    silently damaged weights are detected when the zoo is read."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        v = tensors[k].detach().cpu().contiguous()
+        h.update(f"{k}|{v.dtype}|{tuple(v.shape)}|".encode())
+        h.update(v.view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+    return h.hexdigest()
+
+
 def _atomic_save(tensors: Params, path: Path, metadata: dict[str, str]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(tensors, tmp, metadata={**metadata, "sha256": tensor_digest(tensors)})
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -354,7 +366,8 @@ def read_chunk(path: str | os.PathLike, cfg: ZooConfig) -> tuple[Params, list[di
 
     Raises:
         ZooError: naming the file, if it is unreadable, belongs to another configuration, has the wrong
-            seeds, tensor names or shapes (another architecture), or holds NaN/infinite weights.
+            seeds, tensor names or shapes (another architecture), holds NaN/infinite weights, or its
+            weights do not match the checksum written with them.
     """
     path = Path(path)
     try:
@@ -372,6 +385,11 @@ def read_chunk(path: str | os.PathLike, cfg: ZooConfig) -> tuple[Params, list[di
         raise ZooError(
             f"{path}: belongs to a zoo with config {meta['config_hash']}, not {cfg.hash} "
             f"({cfg.preset}/{cfg.scale}); do not mix zoos in one folder"
+        )
+    if meta.get("sha256") != tensor_digest(tensors):
+        raise ZooError(
+            f"{path}: its weights do not match the sha256 recorded when it was written, so the file is "
+            f"corrupt (a damaged disk or an interrupted copy); delete it and rerun `symlib zoo train`"
         )
     c = int(meta["chunk"])
     start, stop = cfg.chunk_range(c)

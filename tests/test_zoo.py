@@ -127,14 +127,20 @@ def test_bad_files_are_named(full, tmp_path):
         "models": json.dumps(json.loads((z / "manifest.json").read_text())["models"][1:2]),
     }
     t["fc.bias"][0, 3] = float("nan")
-    save_file(t, bad, metadata=meta)
+    save_file(t, bad, metadata={**meta, "sha256": zoo.tensor_digest(t)})
     with pytest.raises(zoo.ZooError, match="chunk-00001.*NaN"):
         zoo.load(z)
     # another architecture (wrong shapes)
     t = {k: v.clone() for k, v in load_file(full / "chunk-00001.safetensors").items()}
     t["conv1.weight"] = torch.zeros(1, 3, 1, 4, 4)
-    save_file(t, bad, metadata=meta)
+    save_file(t, bad, metadata={**meta, "sha256": zoo.tensor_digest(t)})
     with pytest.raises(zoo.ZooError, match="chunk-00001.*conv1.weight.*shape"):
+        zoo.load(z)
+    # silently damaged weights: the file parses, its checksum does not match
+    raw = bytearray((full / "chunk-00001.safetensors").read_bytes())
+    raw[-8:] = bytes(b ^ 0xFF for b in raw[-8:])  # flip the last weights' bits
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(zoo.ZooError, match="chunk-00001.*sha256.*corrupt"):
         zoo.load(z)
     # truncated file
     bad.write_bytes((full / "chunk-00001.safetensors").read_bytes()[:100])
