@@ -20,15 +20,20 @@ mini-batch, with a few batched matrix products:
   whole layer is one ``(B \cdot 24, 112) \times (112, 48)`` product per model;
 * max-pool 3 on that product's output seen as one image (ReLU and max commute, so
   the ReLU runs on the pooled, nine-times smaller tensor);
-* grouped conv 2 (2 groups of 1 -> 5, 5x5) as a dense ``(64, 80)`` product per group
-  (no unfolding, so its input gradient is one more product);
+* grouped conv 2 (2 groups of 1 -> 5, 5x5) as a dense ``(64, 80)`` product per group;
 * global average pool and the linear layer as a batched ``baddbmm``.
 
-The Toeplitz and dense matrices are built from the weights by a product with a
-constant 0/1 matrix (exact), whose gradient sums the entries back onto the kernel.
+The structured matrices are built from the weights by a constant 0/1 pattern (exact).
 
-Autograd differentiates these; the optimiser (:func:`sgd_step`) reproduces
-``torch.optim.SGD`` on stacked tensors (weight decay, momentum, Nesterov).
+**Training** (:func:`train_stacked`) does not go through autograd: :func:`_optunet_loss_grads`
+computes the loss and its gradient by a hand-written backward pass (softmax, products,
+ReLU masks, the max-pool's recorded maxima), in a layout that keeps the images of a
+mini-batch innermost (``(model, feature, ..., image)``), so that every elementwise op, the
+pooling (PyTorch's channels-last kernel, with the images as channels) and the products run
+over contiguous runs of ``B`` values; the crops are one ``index_select`` of image rows
+(:func:`_crop_segments`). The optimiser (:func:`sgd_step`) reproduces ``torch.optim.SGD``
+on stacked tensors (weight decay, momentum, Nesterov). Tests check the gradient against
+autograd and whole runs against :func:`train_plain`, in float64.
 """
 
 from __future__ import annotations
@@ -317,15 +322,59 @@ def _crop_segments(xpad: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, siz
     return runs.index_select(0, rows).view(*idx.shape, 1, size, size)
 
 
+@functools.cache
+def _optunet_pattern_indices(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the kernel weights go in the matrices of :func:`_optunet_loss_grads`, flattened: entry ``e`` of
+    a matrix is weight ``idx[e]`` of the flattened kernel, or zero where ``idx[e]`` is the kernel size.
+
+    Conv 1, per output channel: the full matrix (``24 x 112``, rows ``(s, r)`` for output row
+    ``i = 6 s + r``, columns ``(i', k_j)``, entry ``w[i' - i, k_j]``) and one diagonal block of it
+    (``6 x 36``: rows ``r``, columns ``(i' - 6 s, k_j)``, the same for every ``s``). Conv 2 (per group,
+    ``64 x 80``): as in :func:`_optunet_patterns`.
+    """
+    i = torch.arange(24).view(24, 1, 1)
+    ip, kj = torch.arange(28).view(1, 28, 1), torch.arange(4).view(1, 1, 4)
+    d = ip - i
+    full = torch.where((d >= 0) & (d < 4), d * 4 + kj, 16).reshape(-1)
+    r, ipl = torch.arange(6).view(6, 1, 1), torch.arange(9).view(1, 9, 1)
+    d = ipl - r
+    block = torch.where((d >= 0) & (d < 4), d * 4 + kj, 16).reshape(-1)
+    i2 = _conv_matrix_index(8, 5, 1).reshape(-1)
+    return full.to(device), block.to(device), i2.to(device)
+
+
+def _place(w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows of ``w`` (R, K) placed into the pattern ``idx`` (values 0..K, K: zero): ``(R, idx.numel())``."""
+    return F.pad(w, (0, 1)).index_select(1, idx)
+
+
+def _place_grad(g: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
+    """Adjoint of :func:`_place`: the entries of ``g`` (R, idx.numel()) summed back onto ``k`` weights."""
+    out = torch.zeros(g.shape[0], k + 1, dtype=g.dtype, device=g.device)
+    return out.index_add_(1, idx, g)[:, :k]
+
+
 def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Params]:
     r"""Mean cross-entropy of ``M`` stacked OptuNets on their own batches and its gradient, by a
-    hand-written backward pass through the matrix form of :func:`optunet_forward` (no autograd graph).
+    hand-written backward pass (no autograd graph). Same function as :func:`optunet_forward`.
 
-    With :math:`p = \mathrm{softmax}(\ell)`, the logits' gradient is :math:`(p - e_y) / B`; the linear layer,
-    the dense conv 2 and the Toeplitz conv 1 pass it back as matrix products (:math:`\partial A =
-    \partial Z\, T^\top`, :math:`\partial T = A^\top \partial Z`); the ReLUs by their masks; the max-pool to
-    the first maximum of each window (PyTorch's rule, which matters for ties in flat image regions); and
-    the 0/1 pattern matrices sum the gradients of the structured matrices back onto the kernels.
+    Layout: every activation keeps the batch axis innermost, ``(model, feature, ..., image)``, so that the
+    elementwise operations, the pooling (PyTorch's channels-last kernel, images as channels) and the
+    products run over contiguous runs of ``B`` values.
+
+    * conv 1 is one product per model, :math:`Z = A X` with :math:`X[(i', k_j), (j, b)] = x_b[i', j + k_j]`
+      (``112 x 24B``) and :math:`A[(c, i), (i', k_j)] = w[c, i' - i, k_j]` (zero outside the kernel); the
+      rows of :math:`A` are ordered by blocks of six output rows, :math:`i = 6s + r`, whose pooling
+      windows stay inside the block and which only meet input rows :math:`6s .. 6s + 8`: the weight
+      gradient :math:`\partial A = \partial Z X^\top` is taken block by block (a third of the work);
+    * max-pool 3 (first maximum of each window in row-major order, PyTorch's rule, which matters for the
+      ties of flat image regions) and ReLU (they commute, so the ReLU runs after the pool);
+    * conv 2 as a dense ``(64, 80)`` matrix per (model, group), GAP and the linear layer.
+
+    Backward: with :math:`p = \mathrm{softmax}(\ell)` the logits' gradient is :math:`(p - e_y) / B`; each
+    product :math:`Z = A X` passes back :math:`\partial A = \partial Z X^\top` and :math:`\partial X =
+    A^\top \partial Z`; the ReLUs their masks; the pool routes to the recorded maxima; and the gradients of
+    the structured matrices are summed back onto the kernels (:func:`_place_grad`).
 
     Args:
         params: stacked parameters as in :func:`optunet_forward`.
@@ -337,37 +386,44 @@ def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tup
     """
     w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
     m, b = x.shape[0], x.shape[1]
-    e1, e2 = _optunet_patterns(str(w1.device), w1.dtype)
-    # forward, as optunet_forward, keeping what the backward pass needs
-    t = (w1.reshape(m * 2, 16) @ e1).view(m, 2, 112, 24).transpose(1, 2).reshape(m, 112, 48)
-    rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2).reshape(m, b * 24, 112)
-    z = torch.bmm(rows, t).view(m * b, 1, 24, 48)
+    i1, i1_block, i2 = _optunet_pattern_indices(str(w1.device))
+    # conv 1: (M, 48, 112) @ (M, 112, 24B), rows (s, c, r) for output row 6 s + r, columns (i', kj);
+    # only output rows/columns 0..23 survive the pooling
+    a1 = _place(w1.reshape(m * 2, 16), i1).view(m, 2, 4, 6, 112).transpose(1, 2).reshape(m, 48, 112)
+    xn = x[:, :, 0].permute(0, 2, 3, 1).contiguous()  # (M, i', j', B)
+    cols = xn.unfold(2, 4, 1)[:, :, :24].permute(0, 1, 4, 2, 3).reshape(m, 112, 24 * b)
+    # (M*8, B, 6, 24) channels-last: one image per (model, s, c), rows r; windows never straddle two s
+    z = torch.bmm(a1, cols).view(m * 8, 6, 24, b).permute(0, 3, 1, 2)
     pooled, where = torch.ops.aten.max_pool2d_with_indices(z, [3, 3], [3, 3])
-    a = pooled.clamp_min(0)  # (M*B, 1, 8, 16)
-    h = a.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4).reshape(m * 2, b, 64)
-    t2 = (w2.reshape(m * 10, 25) @ e2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
-    u = torch.bmm(h, t2)  # (M*2, B, 80), columns (o, p, q)
-    feats = u.clamp_min(0).view(m, 2, b, 5, 16).mean(-1).permute(0, 2, 1, 3).reshape(m, b, 10)
-    logits = torch.baddbmm(fb[:, None, :], feats, fw.transpose(1, 2))
-    logp = torch.log_softmax(logits, -1)
-    loss = -logp.gather(-1, y[..., None]).squeeze(-1).mean(-1)
+    pooled_t = pooled.permute(0, 2, 3, 1).reshape(m, 4, 2, 2, 8, b).transpose(1, 2).reshape(m * 2, 64, b)
+    a = pooled_t.clamp_min(0)  # (M*2, (p, q), B)
+    # conv 2 (per group: (80, 64) @ (64, B)), ReLU, GAP, linear
+    t2 = _place(w2.reshape(m * 10, 25), i2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
+    u = torch.bmm(t2.transpose(1, 2), a)  # (M*2, (o, p, q), B)
+    feats = u.clamp_min(0).view(m, 2, 5, 16, b).mean(3).reshape(m, 10, b)
+    logits = torch.baddbmm(fb[:, :, None], fw, feats)  # (M, 10, B)
+    logp = torch.log_softmax(logits, 1)
+    loss = -logp.gather(1, y[:, None, :]).squeeze(1).mean(-1)
     # backward
     d = logp.exp_()
-    d.scatter_add_(-1, y[..., None], torch.full(y.shape + (1,), -1.0, dtype=d.dtype, device=d.device))
-    d.div_(b)  # d loss / d logits, (M, B, 10)
-    g_fb = d.sum(1)
-    g_fw = torch.bmm(d.transpose(1, 2), feats)
-    d_feats = torch.bmm(d, fw).view(m, b, 2, 5).permute(0, 2, 1, 3)  # (M, 2, B, 5)
-    du = (d_feats.reshape(m * 2, b, 5, 1) / 16).expand(m * 2, b, 5, 16).reshape(m * 2, b, 80)
-    du = du.masked_fill_(u <= 0, 0)
-    g_t2 = torch.bmm(h.transpose(1, 2), du)  # (M*2, 64, 80)
-    g_w2 = g_t2.view(m * 2, 64, 5, 16).transpose(1, 2).reshape(m * 10, 1024) @ e2.T
-    dh = torch.bmm(du, t2.transpose(1, 2))  # (M*2, B, 64)
-    da = dh.view(m, 2, b, 8, 8).permute(0, 2, 3, 1, 4).reshape(m * b, 1, 8, 16)
-    da = da.masked_fill_(pooled <= 0, 0)
+    d.scatter_add_(1, y[:, None, :], torch.full((m, 1, b), -1.0, dtype=d.dtype, device=d.device))
+    d.div_(b)  # d loss / d logits, (M, 10, B)
+    g_fb = d.sum(2)
+    g_fw = torch.bmm(d, feats.transpose(1, 2))
+    d_feats = torch.bmm(fw.transpose(1, 2), d)  # (M, 10, B)
+    du = (d_feats.view(m * 2, 5, 1, b) / 16).expand(m * 2, 5, 16, b).reshape(m * 2, 80, b)
+    du = torch.ops.aten.threshold_backward(du, u, 0)  # ReLU: pass where u > 0
+    g_t2 = torch.bmm(a, du.transpose(1, 2))  # (M*2, 64, 80)
+    g_w2 = _place_grad(g_t2.view(m * 2, 64, 5, 16).transpose(1, 2).reshape(m * 10, 1024), i2, 25)
+    da = torch.ops.aten.threshold_backward(torch.bmm(t2, du), pooled_t, 0)  # (M*2, 64, B)
+    da = da.view(m, 2, 4, 2, 8, b).transpose(1, 2).reshape(m * 8, 2, 8, b).permute(0, 3, 1, 2)
     dz = torch.ops.aten.max_pool2d_with_indices_backward(da, z, [3, 3], [3, 3], [0, 0], [1, 1], False, where)
-    g_t = torch.bmm(rows.transpose(1, 2), dz.view(m, b * 24, 48))  # (M, 112, 48)
-    g_w1 = g_t.view(m, 112, 2, 24).transpose(1, 2).reshape(m * 2, 112 * 24) @ e1.T
+    dz = dz.permute(0, 2, 3, 1).reshape(m, 4, 12, 24 * b)
+    # conv 1's weight gradient, block by block: rows (c, r) of block s only meet input rows 6s .. 6s + 8
+    g_block = torch.bmm(dz[:, 0], cols[:, 0:36].transpose(1, 2))  # (M, 12, 36)
+    for s in range(1, 4):
+        g_block.baddbmm_(dz[:, s], cols[:, 24 * s : 24 * s + 36].transpose(1, 2))
+    g_w1 = _place_grad(g_block.reshape(m * 2, 6 * 36), i1_block, 16)
     grads = {
         "conv1.weight": g_w1.view(w1.shape),
         "conv2.weight": g_w2.view(w2.shape),

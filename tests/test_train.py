@@ -171,3 +171,34 @@ def test_paper_resnet_recipes_run_on_synthetic_data(recipe, classes, size, devic
     assert all(moved)
     acc, loss = T.evaluate_model(trained, x, y)
     assert 0 <= acc <= 1 and torch.isfinite(torch.tensor(loss))
+
+
+@settings(max_examples=10, deadline=None)
+@given(m=st.integers(1, 3), b=st.integers(1, 5), seed=st.integers(0, 2**31), flat=st.booleans())
+def test_hand_written_gradient_is_autograd(m, b, seed, flat):
+    """The stacked trainer's hand-written backward pass = autograd through optunet_forward (float64), also
+    on images with flat regions, where the max-pool has ties and must pick the first maximum."""
+    theta = _double_stack(list(range(seed, seed + m)))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    if flat:  # constant blocks: every pooling window that sees only one block is a tie
+        x = x[..., ::7, ::7].repeat_interleave(7, -2).repeat_interleave(7, -1)
+    y = torch.randint(0, 10, (m, b), generator=g)
+    loss, grads = T._optunet_loss_grads(theta, x, y)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in theta.items()}
+    logits = T.optunet_forward(leaves, x)
+    ref = torch.stack([torch.nn.functional.cross_entropy(logits[i], y[i]) for i in range(m)])
+    ref_grads = torch.autograd.grad(ref.sum(), list(leaves.values()))
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
+    for k, rg in zip(leaves, ref_grads, strict=True):
+        torch.testing.assert_close(grads[k], rg, rtol=1e-10, atol=1e-12)
+
+
+def test_fast_crop_equals_crop():
+    """The trainer's row-gather crop gives exactly crop()'s windows (one channel, no flips)."""
+    g = torch.Generator().manual_seed(3)
+    xpad = T.pad_images(torch.randn(6, 1, 28, 28, generator=g), 4, fill=-0.5)
+    idx = torch.randint(0, 6, (3, 5), generator=g)
+    aug = torch.randint(0, 9, (3, 5, 3), generator=g)
+    aug[..., 2] = 0
+    assert torch.equal(T._crop_segments(xpad, idx, aug, 28), T.crop(xpad, idx, aug, 28))
