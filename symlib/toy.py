@@ -102,23 +102,48 @@ def batch_orders(n_models: int, n_data: int, epochs: int, generator: torch.Gener
     return torch.rand(epochs, n_models, n_data, generator=generator).argsort(dim=-1)
 
 
-def _forward(theta: Params, x: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """Stacked MLP forward: ``x (M, B, d) -> logits (M, B, out)``."""
-    h = x
-    for i in range(n_layers):
-        w, b = theta[f"{2 * i}.weight"], theta[f"{2 * i}.bias"]
-        h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
-        if i < n_layers - 1:
-            h = torch.relu(h)
-    return h
+def _to_models_last(theta: Params, lo: int = 0, hi: int | None = None, device=None
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Copies of stacked MLP parameters ``[lo:hi]`` laid out models-last (see :func:`_sgd_step`)."""
+    n_layers = len(theta) // 2
+    dense = torch.contiguous_format  # clone() always copies: contiguous() may return a view
+    ws = [theta[f"{2 * i}.weight"][lo:hi].to(device).permute(1, 2, 0).clone(memory_format=dense)
+          for i in range(n_layers)]
+    bs = [theta[f"{2 * i}.bias"][lo:hi].to(device).t().clone(memory_format=dense) for i in range(n_layers)]
+    return ws, bs
+
+
+def _from_models_last(ws: list[torch.Tensor], bs: list[torch.Tensor]) -> Params:
+    theta = {}
+    for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+        theta[f"{2 * i}.weight"] = w.permute(2, 0, 1).contiguous()
+        theta[f"{2 * i}.bias"] = b.t().contiguous()
+    return theta
+
+
+def _forward(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Models-last forward: inputs ``x (d, B, M)``; returns the activations (input first) and the
+    pre-activations ``z_l (out, B, M)`` of every layer."""
+    acts, zs = [x], []
+    for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+        z = (w.unsqueeze(2) * acts[-1].unsqueeze(0)).sum(1) + b.unsqueeze(1)
+        zs.append(z)
+        if i < len(ws) - 1:
+            acts.append(torch.relu(z))
+    return acts, zs
 
 
 def mean_losses(theta: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean binary cross-entropy of every stacked model on the whole set: ``(M,)``."""
-    n_layers = len(theta) // 2
-    m = theta["0.weight"].shape[0]
-    logits = _forward(theta, x.expand(m, *x.shape), n_layers).squeeze(-1)
-    return F.binary_cross_entropy_with_logits(logits, y.expand(m, -1), reduction="none").mean(-1)
+    return _mean_losses(*_to_models_last(theta, device=x.device), x, y)
+
+
+def _mean_losses(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor
+                 ) -> torch.Tensor:
+    m = ws[0].shape[-1]
+    logits = _forward(ws, bs, x.t().unsqueeze(-1).expand(-1, -1, m))[1][-1][0]  # (N, M)
+    return F.binary_cross_entropy_with_logits(logits, y.unsqueeze(-1).expand(-1, m), reduction="none").mean(0)
 
 
 def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float
@@ -132,12 +157,7 @@ def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y
     ``dL/dz_L = (sigmoid(z_L) - y) / B``, ``dL/dW_l = dz_l a_{l-1}^T``,
     ``dL/da_{l-1} = W_l^T dz_l`` and ``dz_{l-1} = dL/da_{l-1} * 1[z_{l-1} > 0]``.
     """
-    acts, zs = [x], []
-    for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
-        z = (w.unsqueeze(2) * acts[-1].unsqueeze(0)).sum(1) + b.unsqueeze(1)
-        zs.append(z)
-        if i < len(ws) - 1:
-            acts.append(torch.relu(z))
+    acts, zs = _forward(ws, bs, x)
     dz = (torch.sigmoid(zs[-1]) - y) / x.shape[1]
     for i in range(len(ws) - 1, -1, -1):
         gw = (dz.unsqueeze(1) * acts[i].unsqueeze(0)).sum(2)
@@ -198,19 +218,13 @@ def train_mlps(
     if orders is None:
         orders = batch_orders(n_models, n, epochs, gen)
     x, y = data.x.to(device), data.y.to(device)
-    n_layers = len(widths) - 1
     steps = math.ceil(n / batch_size)
     start = time.perf_counter()
     out, losses = [], []
     bar = progress_bar(epochs * steps * math.ceil(n_models / chunk), "SGD steps", enabled=progress)
     for lo in range(0, n_models, chunk):
         hi = min(lo + chunk, n_models)
-        # Models on the last axis (see _sgd_step); transposed back at the end.
-        # clone() always copies: contiguous() may return a view and the updates are in place.
-        dense = torch.contiguous_format
-        ws = [init[f"{2 * i}.weight"][lo:hi].to(device).permute(1, 2, 0).clone(memory_format=dense)
-              for i in range(n_layers)]
-        bs = [init[f"{2 * i}.bias"][lo:hi].to(device).t().clone(memory_format=dense) for i in range(n_layers)]
+        ws, bs = _to_models_last(init, lo, hi, device)  # transposed back at the end
         order = orders[:, lo:hi].to(device)
         xt = x.t()
         for epoch in range(epochs):
@@ -218,12 +232,8 @@ def train_mlps(
                 idx = order[epoch, :, s * batch_size:(s + 1) * batch_size].t()  # (B, M)
                 _sgd_step(ws, bs, xt[:, idx], y[idx].unsqueeze(0), lr)
                 bar.update()
-        theta = {}
-        for i in range(n_layers):
-            theta[f"{2 * i}.weight"] = ws[i].permute(2, 0, 1).contiguous()
-            theta[f"{2 * i}.bias"] = bs[i].t().contiguous()
-        losses.append(mean_losses(theta, x, y))
-        out.append(theta)
+        losses.append(_mean_losses(ws, bs, x, y))
+        out.append(_from_models_last(ws, bs))
     bar.close()
     theta = {k: torch.cat([o[k] for o in out]).cpu() for k in init}
     return TrainResult(theta, torch.cat(losses).cpu(), time.perf_counter() - start)
