@@ -23,7 +23,7 @@ mini-batch, with a few batched matrix products:
 * grouped conv 2 (2 groups of 1 -> 5, 5x5) as a dense ``(64, 80)`` product per group;
 * global average pool and the linear layer as a batched ``baddbmm``.
 
-The structured matrices are built from the weights by a constant 0/1 pattern (exact).
+The structured matrices are built from the weights by a constant index pattern (exact, :func:`_place`).
 
 **Training** (:func:`train_stacked`) does not go through autograd: :func:`_optunet_loss_grads`
 computes the loss and its gradient by a hand-written backward pass (softmax, products,
@@ -247,26 +247,6 @@ def _conv_matrix_index(side: int, k: int, outs: int) -> torch.Tensor:
     return idx.reshape(side * side, outs * o * o)
 
 
-def _one_hot_columns(idx: torch.Tensor, n: int) -> torch.Tensor:
-    """``(n, idx.numel())`` 0/1 matrix with a 1 at ``(idx[c], c)`` wherever ``idx[c] < n``: ``w @ E``
-    places the weights ``w`` into the pattern ``idx`` (exactly), and its gradient sums them back."""
-    flat = idx.reshape(-1)
-    e = torch.zeros(n + 1, flat.numel())
-    e[flat, torch.arange(flat.numel())] = 1.0
-    return e[:n]
-
-
-@functools.cache
-def _optunet_patterns(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 0/1 matrices that turn one output channel's kernel of conv 1 (16 weights) and of conv 2
-    (25 weights) into its Toeplitz (112 x 24) and dense (64 x 16) matrices."""
-    toe = _toeplitz_index(28, 4, 24).view(1, 28, 24)  # (j', j) -> kernel column or 4 (outside)
-    k = torch.arange(4).view(-1, 1, 1)
-    e1 = _one_hot_columns(torch.where(toe < 4, k * 4 + toe, 16), 16)  # columns (k, j', j)
-    e2 = _one_hot_columns(_conv_matrix_index(8, 5, 1), 25)  # columns (i, j, p, q)
-    return e1.to(device=device, dtype=dtype), e2.to(device=device, dtype=dtype)
-
-
 def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     r"""Logits of ``M`` stacked OptuNets (same function as :class:`symlib.models.OptuNet` in eval mode).
 
@@ -282,10 +262,10 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     m = w1.shape[0]
     if x.shape[-3:] != (1, 28, 28) or x.ndim not in (4, 5):
         raise ValueError(f"OptuNet takes (M, B, 1, 28, 28) or (B, 1, 28, 28) images, got {tuple(x.shape)}")
-    e1, e2 = _optunet_patterns(str(w1.device), w1.dtype)
+    _, _, i2, toeplitz1 = _optunet_pattern_indices(str(w1.device))
     # conv 1 as a Toeplitz product, rows (k, j'), columns (c, j); only output rows/columns 0..23 survive
     # the 3x3 pooling.
-    t = (w1.reshape(m * 2, 16) @ e1).view(m, 2, 112, 24).transpose(1, 2).reshape(m, 112, 48)
+    t = _place(w1.reshape(m * 2, 16), toeplitz1).view(m, 2, 112, 24).transpose(1, 2).reshape(m, 112, 48)
     rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2)  # (..., 24, 4, 28)
     if x.ndim == 4:
         b = x.shape[0]
@@ -299,7 +279,7 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     # grouped conv 2 (2 groups of 1 -> 5 channels, 5x5) as one dense (64, 80) product per (model, group).
     h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4).reshape(m * 2, b, 64)  # (M*2, B, 8*8)
     # t2: (M*2, 64, 80), rows (i, j), columns (o, p, q)
-    t2 = (w2.reshape(m * 10, 25) @ e2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
+    t2 = _place(w2.reshape(m * 10, 25), i2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
     h2 = F.relu(torch.bmm(h, t2)).view(m, 2, b, 5, 16).mean(-1)  # GAP: (M, 2, B, 5)
     feats = h2.permute(0, 2, 1, 3).reshape(m, b, 10)
     return torch.baddbmm(fb[:, None, :], feats, fw.transpose(1, 2))
@@ -323,14 +303,16 @@ def _crop_segments(xpad: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, siz
 
 
 @functools.cache
-def _optunet_pattern_indices(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where the kernel weights go in the matrices of :func:`_optunet_loss_grads`, flattened: entry ``e`` of
-    a matrix is weight ``idx[e]`` of the flattened kernel, or zero where ``idx[e]`` is the kernel size.
+def _optunet_pattern_indices(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the kernel weights go in the matrices of :func:`_optunet_loss_grads` and
+    :func:`optunet_forward`, flattened: entry ``e`` of a matrix is weight ``idx[e]`` of the flattened
+    kernel, or zero where ``idx[e]`` is the kernel size (see :func:`_place`).
 
     Conv 1, per output channel: the full matrix (``24 x 112``, rows ``(s, r)`` for output row
     ``i = 6 s + r``, columns ``(i', k_j)``, entry ``w[i' - i, k_j]``) and one diagonal block of it
-    (``6 x 36``: rows ``r``, columns ``(i' - 6 s, k_j)``, the same for every ``s``). Conv 2 (per group,
-    ``64 x 80``): as in :func:`_optunet_patterns`.
+    (``6 x 36``: rows ``r``, columns ``(i' - 6 s, k_j)``, the same for every ``s``). Conv 2, per output
+    channel: its dense ``64 x 16`` matrix (rows ``(i, j)``, columns ``(p, q)``). Conv 1 for the forward
+    pass, per output channel: its Toeplitz matrix (``112 x 24``, rows ``(k_i, j')``, columns ``j``).
     """
     i = torch.arange(24).view(24, 1, 1)
     ip, kj = torch.arange(28).view(1, 28, 1), torch.arange(4).view(1, 1, 4)
@@ -340,7 +322,10 @@ def _optunet_pattern_indices(device: str) -> tuple[torch.Tensor, torch.Tensor, t
     d = ipl - r
     block = torch.where((d >= 0) & (d < 4), d * 4 + kj, 16).reshape(-1)
     i2 = _conv_matrix_index(8, 5, 1).reshape(-1)
-    return full.to(device), block.to(device), i2.to(device)
+    toe = _toeplitz_index(28, 4, 24).view(1, 28, 24)  # (j', j) -> kernel column, or 4 outside
+    k = torch.arange(4).view(-1, 1, 1)
+    toeplitz = torch.where(toe < 4, k * 4 + toe, 16).reshape(-1)
+    return full.to(device), block.to(device), i2.to(device), toeplitz.to(device)
 
 
 def _place(w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -386,7 +371,7 @@ def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tup
     """
     w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
     m, b = x.shape[0], x.shape[1]
-    i1, i1_block, i2 = _optunet_pattern_indices(str(w1.device))
+    i1, i1_block, i2, _ = _optunet_pattern_indices(str(w1.device))
     # conv 1: (M, 48, 112) @ (M, 112, 24B), rows (s, c, r) for output row 6 s + r, columns (i', kj);
     # only output rows/columns 0..23 survive the pooling
     a1 = _place(w1.reshape(m * 2, 16), i1).view(m, 2, 4, 6, 112).transpose(1, 2).reshape(m, 48, 112)
@@ -482,7 +467,7 @@ def train_stacked(
         x, y: training images ``(N, C, H, W)`` and labels ``(N,)``, on the device to train on.
         recipe: optimiser, schedule and augmentation.
         fill: value of the padding pixels (black in the normalised scale).
-        arch: a key of :data:`STACKED_FORWARD`.
+        arch: a key of :data:`STACKED_GRADS`.
         epochs: train for this many epochs (default ``recipe.epochs``).
         max_steps: stop after this many steps in total (for tests).
         on_epoch: called with the epoch index after every epoch (progress bars).
