@@ -16,11 +16,6 @@ sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
 plt.rcParams.update({"figure.dpi": 110, "savefig.bbox": "tight", "axes.titlesize": "medium"})
 
 
-def window(points: Sequence[np.ndarray], coverage: float = 0.98) -> float:
-    """Half-width of a square window centred on 0 holding ``coverage`` of the points of every set."""
-    return float(max(np.quantile(np.abs(p).max(axis=1), coverage) for p in points))
-
-
 def toy_data(x: np.ndarray, y: np.ndarray):
     """The two training classes of the gentle example (paper Figure 5)."""
     fig, ax = plt.subplots(figsize=(4.2, 4))
@@ -31,22 +26,23 @@ def toy_data(x: np.ndarray, y: np.ndarray):
     return fig
 
 
-def figure1(panels: dict[str, np.ndarray], half_width: float, gridsize: int = 100):
+def figure1(panels: dict[str, np.ndarray], half_widths: Sequence[float], gridsize: int = 100):
     r"""Paper Figure 1: densities of the output weights ``(w_1, w_2)``, one panel per stage.
 
     Args:
         panels: title -> points ``(n, 2)``.
-        half_width: every panel shows ``[-h, h]^2``; points outside are left out
-            of the density estimate (the caption should say how many).
+        half_widths: panel ``i`` shows ``[-h_i, h_i]^2`` (e.g. the window of
+            :func:`symlib.toy.density_summary`); points outside are left out of
+            its density estimate (the caption should say how many).
         gridsize: KDE evaluation grid per axis.
     """
     fig, axs = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
-    for ax, (title, w) in zip(axs[0], panels.items(), strict=True):
-        inside = w[(np.abs(w) <= half_width).all(axis=1)]
+    for ax, (title, w), h in zip(axs[0], panels.items(), half_widths, strict=True):
+        inside = w[(np.abs(w) <= h).all(axis=1)]
         sns.kdeplot(x=inside[:, 0], y=inside[:, 1], fill=True, levels=12, thresh=0.02, cmap="mako_r",
-                    gridsize=gridsize, clip=((-half_width, half_width),) * 2, ax=ax)
-        ax.plot([-half_width, half_width], [-half_width, half_width], ls=":", lw=1, color="0.4")
-        ax.set(xlim=(-half_width, half_width), ylim=(-half_width, half_width), aspect="equal",
+                    gridsize=gridsize, clip=((-h, h),) * 2, ax=ax)
+        ax.plot([-h, h], [-h, h], ls=":", lw=1, color="0.4")
+        ax.set(xlim=(-h, h), ylim=(-h, h), aspect="equal",
                xlabel="$w_1$ (output weight of hidden neuron 1)", ylabel="$w_2$", title=title)
     fig.tight_layout()
     return fig
