@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 
 from symlib import models as _models
 from symlib import scales as _scales
@@ -339,17 +338,9 @@ def tensor_digest(tensors: Params) -> str:
 
 
 def _atomic_save(tensors: Params, path: Path, metadata: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(tensors, tmp, metadata={**metadata, "sha256": tensor_digest(tensors)})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    payload = safetensors_bytes(tensors, metadata={**metadata, "sha256": tensor_digest(tensors)})
+    _atomic_write_bytes(path, payload)
 
 
 def _reference_shapes(cfg: ZooConfig) -> dict[str, tuple[int, ...]]:
@@ -747,10 +738,7 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
     for c, p in sorted(owner.items()):
         src, dst = p / _chunk_name(c), out / _chunk_name(c)
         if src.resolve() != dst.resolve():
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{dst.name}.", suffix=".tmp")
-            os.close(fd)
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
+            _atomic_write_bytes(dst, src.read_bytes())
     return _write_manifest(
         out, cfg, sorted(owner), records, mans[0].get("data"), None, list(range(cfg.n_chunks))
     )
