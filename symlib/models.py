@@ -157,6 +157,30 @@ class ResNet18(_CifarResNet):
         super().__init__([2, 2, 2, 2], [width, 2 * width, 4 * width, 8 * width], num_classes, in_channels)
 
 
+@torch.no_grad()
+def randomize_batchnorm(model: nn.Module, generator: torch.Generator | None = None) -> nn.Module:
+    """Give every BatchNorm random, non-trivial statistics and affine parameters, in place.
+
+    A freshly built network has running means 0, variances 1 and gamma 1,
+    which hides mistakes in how a symmetry treats BatchNorm; checks of the
+    symmetries in eval mode should run on these instead. Running means and
+    betas are standard normal, variances uniform on [0.5, 1.5), and gammas
+    have a random sign and a magnitude uniform on [0.5, 1.5).
+
+    Returns:
+        ``model``, for chaining.
+    """
+    for mod in model.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+            c, kw = mod.num_features, {"generator": generator, "dtype": mod.running_mean.dtype}
+            mod.running_mean.copy_(torch.randn(c, **kw))
+            mod.running_var.copy_(torch.rand(c, **kw) + 0.5)
+            sign = torch.randn(c, **kw).sign()
+            mod.weight.copy_(sign * (0.5 + torch.rand(c, **kw)))
+            mod.bias.copy_(torch.randn(c, **kw))
+    return model
+
+
 def num_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

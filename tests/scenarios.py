@@ -109,15 +109,7 @@ def make(arch: str, seed: int = 0, n: int = 16, dtype=torch.float64) -> Scenario
     model, input_shape = build(arch)
     model = model.to(dtype).eval()
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for mod in model.modules():
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm):
-                c = mod.num_features
-                mod.running_mean.copy_(torch.randn(c, generator=g, dtype=dtype))
-                mod.running_var.copy_(torch.rand(c, generator=g, dtype=dtype) + 0.5)
-                sign = torch.randn(c, generator=g, dtype=dtype).sign()
-                mod.weight.copy_(sign * (0.5 + torch.rand(c, generator=g, dtype=dtype)))
-                mod.bias.copy_(torch.randn(c, generator=g, dtype=dtype))
+    models.randomize_batchnorm(model, g)
     spec = spec_of(model, input_shape)
     theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
     x = torch.randn(n, *input_shape, generator=g, dtype=dtype)
