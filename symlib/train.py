@@ -339,7 +339,9 @@ def _place_grad(g: torch.Tensor, idx: torch.Tensor, k: int) -> torch.Tensor:
     return out.index_add_(1, idx, g)[:, :k]
 
 
-def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Params]:
+def _optunet_loss_grads(
+    params: Params, x: torch.Tensor, y: torch.Tensor, feat_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, Params]:
     r"""Mean cross-entropy of ``M`` stacked OptuNets on their own batches and its gradient, by a
     hand-written backward pass (no autograd graph). Same function as :func:`optunet_forward`.
 
@@ -365,6 +367,8 @@ def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tup
         params: stacked parameters as in :func:`optunet_forward`.
         x: ``(M, B, 1, 28, 28)`` images.
         y: ``(M, B)`` labels.
+        feat_mask: optional ``(M, 10, B)`` multiplier of the 10 pooled features before the linear layer
+            (dropout: entries 0 or ``1 / (1 - p)``, one draw per model and image); ``None``: no dropout.
 
     Returns:
         ``(loss (M,), grads)`` with ``grads`` shaped like ``params``.
@@ -386,6 +390,8 @@ def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tup
     t2 = _place(w2.reshape(m * 10, 25), i2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
     u = torch.bmm(t2.transpose(1, 2), a)  # (M*2, (o, p, q), B)
     feats = u.clamp_min(0).view(m, 2, 5, 16, b).mean(3).reshape(m, 10, b)
+    if feat_mask is not None:
+        feats = feats * feat_mask
     logits = torch.baddbmm(fb[:, :, None], fw, feats)  # (M, 10, B)
     logp = torch.log_softmax(logits, 1)
     loss = -logp.gather(1, y[:, None, :]).squeeze(1).mean(-1)
@@ -396,6 +402,8 @@ def _optunet_loss_grads(params: Params, x: torch.Tensor, y: torch.Tensor) -> tup
     g_fb = d.sum(2)
     g_fw = torch.bmm(d, feats.transpose(1, 2))
     d_feats = torch.bmm(fw.transpose(1, 2), d)  # (M, 10, B)
+    if feat_mask is not None:
+        d_feats = d_feats * feat_mask
     du = (d_feats.view(m * 2, 5, 1, b) / 16).expand(m * 2, 5, 16, b).reshape(m * 2, 80, b)
     du = torch.ops.aten.threshold_backward(du, u, 0)  # ReLU: pass where u > 0
     g_t2 = torch.bmm(a, du.transpose(1, 2))  # (M*2, 64, 80)
@@ -447,6 +455,92 @@ def _generators(seeds: Sequence[int]) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(streams(s)[1]) for s in seeds]
 
 
+def loss_and_grads(
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    arch: str = "optunet",
+    feat_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Params]:
+    """Mean cross-entropy of ``M`` stacked models, each on its own batch, and its gradient.
+
+    Args:
+        params: stacked parameters ``{name: (M, ...)}``.
+        x: ``(M, B, C, H, W)`` images; y: ``(M, B)`` labels.
+        arch: a key of :data:`STACKED_GRADS`.
+        feat_mask: optional dropout multiplier of the features before the last layer (see
+            :func:`_optunet_loss_grads`).
+
+    Returns:
+        ``(loss (M,), grads)`` with ``grads`` shaped like ``params``.
+    """
+    if arch not in STACKED_GRADS:
+        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    if feat_mask is None:
+        return STACKED_GRADS[arch](params, x, y)
+    return STACKED_GRADS[arch](params, x, y, feat_mask=feat_mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One training step of ``M`` stacked models (see :func:`minibatches`).
+
+    Attributes:
+        epoch: 0-based epoch; step: 0-based global step; lr: the recipe's learning rate in this epoch;
+        last_in_epoch: whether this is the epoch's last step;
+        x: ``(M, B, C, H, W)`` augmented images (each model its own); y: ``(M, B)`` labels.
+    """
+
+    epoch: int
+    step: int
+    lr: float
+    last_in_epoch: bool
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def minibatches(
+    seeds: Sequence[int],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    recipe: Recipe,
+    fill: float | Sequence[float] = 0.0,
+    epochs: int | None = None,
+):
+    """The mini-batches of ``M = len(seeds)`` independent runs, as :func:`train_stacked` sees them.
+
+    Every model draws its own data order and crops from its seed's data stream (:func:`streams`), one
+    epoch at a time, so any loop over these batches (SGD, SWAG, VI, SGHMC) sees exactly the batches of
+    the plain single-model loop for that seed.
+
+    Args:
+        seeds: one seed per model.
+        x, y: training images ``(N, C, H, W)`` and labels ``(N,)``, on the device to train on.
+        recipe: batch size, augmentation and the learning-rate schedule (reported in :attr:`Batch.lr`).
+        fill: value of the padding pixels.
+        epochs: number of epochs (default ``recipe.epochs``).
+
+    Yields:
+        :class:`Batch` for every step.
+    """
+    dev = x.device
+    n, size = x.shape[0], x.shape[-1]
+    xpad = pad_images(x, recipe.crop_padding, fill)
+    gens = _generators(seeds)
+    cut = _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
+    step = 0
+    for epoch in range(recipe.epochs if epochs is None else epochs):
+        lr = recipe.lr_at(epoch)
+        plans = [epoch_plan(g, n, recipe.crop_padding, recipe.flip) for g in gens]
+        perms = torch.stack([p for p, _ in plans]).to(dev)
+        augs = torch.stack([a for _, a in plans]).to(dev)
+        for start in range(0, n, recipe.batch_size):
+            idx = perms[:, start : start + recipe.batch_size]
+            xb = cut(xpad, idx, augs[:, start : start + recipe.batch_size], size)
+            yield Batch(epoch, step, lr, start + recipe.batch_size >= n, xb, y[idx])
+            step += 1
+
+
 def train_stacked(
     params: Params,
     seeds: Sequence[int],
@@ -458,6 +552,7 @@ def train_stacked(
     epochs: int | None = None,
     max_steps: int | None = None,
     on_epoch: Callable[[int], None] | None = None,
+    on_step: Callable[[int, Params], None] | None = None,
 ) -> Params:
     """Train ``M = len(seeds)`` models at once, each on its own mini-batches and crops.
 
@@ -471,41 +566,30 @@ def train_stacked(
         epochs: train for this many epochs (default ``recipe.epochs``).
         max_steps: stop after this many steps in total (for tests).
         on_epoch: called with the epoch index after every epoch (progress bars).
+        on_step: called after every step with the global step index and the updated stacked
+            parameters (do not modify them; cheap per-step statistics such as permutation tracking).
 
     Returns:
         The trained stacked parameters.
     """
     if arch not in STACKED_GRADS:
         raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
-    loss_grads = STACKED_GRADS[arch]
     m = len(seeds)
     if any(p.shape[0] != m for p in params.values()):
         raise ValueError(
             f"params must be stacked for {m} models; got shapes {[tuple(p.shape) for p in params.values()]}"
         )
-    dev = x.device
-    n, size = x.shape[0], x.shape[-1]
-    xpad = pad_images(x, recipe.crop_padding, fill)
-    gens = _generators(seeds)
-    cut = _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
-    theta = {k: v.detach().to(dev).clone() for k, v in params.items()}
+    theta = {k: v.detach().to(x.device).clone() for k, v in params.items()}
     bufs = None
-    step = 0
-    for epoch in range(recipe.epochs if epochs is None else epochs):
-        lr = recipe.lr_at(epoch)
-        plans = [epoch_plan(g, n, recipe.crop_padding, recipe.flip) for g in gens]
-        perms = torch.stack([p for p, _ in plans]).to(dev)
-        augs = torch.stack([a for _, a in plans]).to(dev)
-        for start in range(0, n, recipe.batch_size):
-            idx = perms[:, start : start + recipe.batch_size]
-            xb = cut(xpad, idx, augs[:, start : start + recipe.batch_size], size)
-            _, grads = loss_grads(theta, xb, y[idx])
-            theta, bufs = sgd_step(theta, grads, bufs, lr, recipe)
-            step += 1
-            if max_steps is not None and step >= max_steps:
-                return theta
-        if on_epoch is not None:
-            on_epoch(epoch)
+    for batch in minibatches(seeds, x, y, recipe, fill, epochs):
+        _, grads = loss_and_grads(theta, batch.x, batch.y, arch)
+        theta, bufs = sgd_step(theta, grads, bufs, batch.lr, recipe)
+        if on_step is not None:
+            on_step(batch.step, theta)
+        if max_steps is not None and batch.step + 1 >= max_steps:
+            return theta
+        if batch.last_in_epoch and on_epoch is not None:
+            on_epoch(batch.epoch)
     return theta
 
 

@@ -202,3 +202,45 @@ def test_fast_crop_equals_crop():
     aug = torch.randint(0, 9, (3, 5, 3), generator=g)
     aug[..., 2] = 0
     assert torch.equal(T._crop_segments(xpad, idx, aug, 28), T.crop(xpad, idx, aug, 28))
+
+
+def test_dropout_mask_gradient_is_autograd():
+    """loss_and_grads with a dropout mask on the features = autograd through OptuNet with that mask folded
+    into the inputs of the last layer (float64)."""
+    m, b = 2, 3
+    theta = _double_stack([4, 9])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (m, b), generator=g)
+    mask = (torch.rand(m, 10, b, generator=g) > 0.2).double() / 0.8
+    loss, grads = T.loss_and_grads(theta, x, y, feat_mask=mask)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in theta.items()}
+    ref = []
+    for i in range(m):
+        net = models.OptuNet().double()
+        h = net.pool(net.relu1(torch.nn.functional.conv2d(x[i], leaves["conv1.weight"][i])))
+        h = torch.nn.functional.conv2d(h, leaves["conv2.weight"][i], groups=2).relu().mean((-1, -2))
+        logits = (h * mask[i].T) @ leaves["fc.weight"][i].T + leaves["fc.bias"][i]
+        ref.append(torch.nn.functional.cross_entropy(logits, y[i]))
+    ref = torch.stack(ref)
+    ref_grads = torch.autograd.grad(ref.sum(), list(leaves.values()))
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
+    for k, rg in zip(leaves, ref_grads, strict=True):
+        torch.testing.assert_close(grads[k], rg, rtol=1e-10, atol=1e-12)
+    unmasked = T.loss_and_grads(theta, x, y)[0]
+    assert not torch.allclose(unmasked, loss)
+
+
+def test_minibatches_hook_sees_every_step():
+    """train_stacked's on_step hook is called once per step with the updated parameters."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 1, 28, 28, generator=g), torch.randint(0, 10, (40,), generator=g)
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=16, epochs=2)
+    seen = []
+    out = T.train_stacked(T.init_params(models.OptuNet, [0, 1]), [0, 1], x, y, recipe,
+                          on_step=lambda s, th: seen.append((s, th["fc.bias"].clone())))
+    assert [s for s, _ in seen] == list(range(6))
+    assert torch.equal(seen[-1][1], out["fc.bias"])
+    batches = list(T.minibatches([0, 1], x, y, recipe))
+    assert [b.last_in_epoch for b in batches] == [False, False, True] * 2
+    assert batches[0].x.shape == (2, 16, 1, 28, 28) and batches[-1].x.shape == (2, 8, 1, 28, 28)
