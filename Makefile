@@ -57,10 +57,17 @@ chapters: $(VENV)/.installed
 	  $(VENV)/bin/jupytext --quiet --to ipynb -o $(BUILD)/nb/$$ch.ipynb notebooks/$$ch.md
 	  TQDM_DISABLE=1 $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
 	    -p scale $(SCALE) -p device $(DEVICE) $(BUILD)/nb/$$ch.ipynb $(BUILD)/nb/$$ch.out.ipynb
+	  $(PY) -c "import sys; from symlib.book import fold_parameters; fold_parameters(sys.argv[1])" $(BUILD)/nb/$$ch.out.ipynb
 	  mv $(BUILD)/nb/$$ch.out.ipynb book/$$ch.ipynb
 	done
 
+# MathJax is served from the book itself (the django-static-mathjax wheel ships MathJax 3), so math
+# renders when the HTML is opened offline.
+MATHJAX := $(BUILD)/static/mathjax
 html: $(VENV)/.installed
+	src=$$($(PY) -c "import mathjax, pathlib; print(pathlib.Path(mathjax.__file__).parent / 'static/mathjax/es5')")
+	rm -rf $(MATHJAX); mkdir -p $(MATHJAX)
+	cp -r $$src/tex-mml-chtml.js $$src/a11y $$src/adaptors $$src/input $$src/output $$src/sre $$src/ui $(MATHJAX)/
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(BUILD)
 	echo "The book is at file://$(CURDIR)/$(BUILD)/_build/html/index.html"
 
