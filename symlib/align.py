@@ -39,6 +39,7 @@ keeps every permutation a symmetry (``Spec.blocks``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -109,7 +110,8 @@ def w2_diag(mean0, std0, mean1, std1) -> torch.Tensor:
 
 
 def kl_diag(mean_p, std_p, mean_q, std_q) -> torch.Tensor:
-    r""":math:`\mathrm{KL}[p \,\|\, q]` between diagonal Gaussians ``p = N(mean_p, std_p^2)``, ``q = N(mean_q, std_q^2)``.
+    r""":math:`\mathrm{KL}[p \,\|\, q]` between diagonal Gaussians ``p = N(mean_p, std_p^2)``,
+    ``q = N(mean_q, std_q^2)``.
 
     .. math:: \sum_i \log\frac{s_{q,i}}{s_{p,i}} + \frac{s_{p,i}^2 + (m_{p,i} - m_{q,i})^2}{2 s_{q,i}^2}
               - \frac12 .
@@ -144,7 +146,7 @@ def interpolate(mean0: Params, std0: Params | None, mean1: Params, std1: Params 
         out = {}
         for k, v in a.items():
             if k not in b:
-                raise KeyError(f"tensor {k!r} is missing from side 1; interpolate two posteriors of one model")
+                raise KeyError(f"tensor {k!r} is missing from side 1; interpolate posteriors of one model")
             out[k] = (1 - t) * v + t * b[k] if v.is_floating_point() else v.clone()
         return out
 
@@ -402,7 +404,11 @@ def align(
         changed = False
         for i in rng.permutation(len(units)):
             kind, key = units[i]
-            new = _step(d, spec, kind, key, perms, ties)
+            if kind == "label":
+                new = _label_step(d, spec, key, perms)
+                new = None if new is None else {key: new}
+            else:
+                new = _block_step(d, spec, ties[key], perms, current_cost)
             if new is None:
                 continue
             perms.update(new)
@@ -435,33 +441,57 @@ def _permute_partial(std: Params, like: Params, spec: Spec, perms) -> Params:
     return {k: out[k] for k in std}
 
 
-def _step(d: _Descent, spec: Spec, kind: str, key: str, perms, ties):
-    """One coordinate step; the new permutations, or ``None`` when nothing strictly improves."""
-    if kind == "label":
-        c = d.label_matrix(key, perms)
-        old = perms[key]
-        if key not in spec.blocks:
-            new = _lap(c)
-        else:
-            groups, tie = spec.blocks[key]
-            k = spec.perms[key] // groups
-            sigma = ops.block_perm(old, groups) if tie is not None else torch.arange(groups)
-            new = torch.empty_like(old)
-            for g in range(groups):  # one assignment per block (a loop over blocks, not neurons)
-                rows = slice(g * k, (g + 1) * k)
-                cols = slice(int(sigma[g]) * k, (int(sigma[g]) + 1) * k)
-                new[rows] = int(sigma[g]) * k + _lap(c[rows, cols])
-        return {key: new} if _gain_ok(c, new, old) else None
-    labels = ties[key]
+def _label_step(d: _Descent, spec: Spec, key: str, perms):
+    """One assignment for ``key``, the other labels held; the new permutation or ``None``."""
+    c = d.label_matrix(key, perms)
+    old = perms[key]
+    if key not in spec.blocks:
+        new = _lap(c)
+    else:
+        groups, tie = spec.blocks[key]
+        k = spec.perms[key] // groups
+        sigma = ops.block_perm(old, groups) if tie is not None else torch.arange(groups)
+        new = torch.empty_like(old)
+        for g in range(groups):  # one assignment per block (a loop over blocks, not neurons)
+            rows = slice(g * k, (g + 1) * k)
+            cols = slice(int(sigma[g]) * k, (int(sigma[g]) + 1) * k)
+            new[rows] = int(sigma[g]) * k + _lap(c[rows, cols])
+    return new if _gain_ok(c, new, old) else None
+
+
+def _block_step(d: _Descent, spec: Spec, labels: list[str], perms, total_cost):
+    """Move whole blocks of the grouped labels of one tie: the new permutations or ``None``.
+
+    Candidates for the block permutation: all ``G!`` when ``G <= 4``, else the assignment over
+    blocks of :meth:`_Descent.block_matrix` (inner arrangements held). Each candidate moves the
+    blocks of every label of the tie together, then re-solves the labels inside their blocks until
+    no label changes; the best candidate is kept when its exact cost is strictly lower.
+    """
     groups = spec.blocks[labels[0]][0]
     sigma = ops.block_perm(perms[labels[0]], groups)
     # perm = inner[move(sigma)]: ``inner`` keeps side 1's blocks in place and arranges their insides.
     inner = {q: perms[q][_block_move(ops.invert_perm(sigma), spec.perms[q] // groups)] for q in labels}
-    m = d.block_matrix(labels, groups, inner, perms)
-    new_sigma = _lap(m)
-    if not _gain_ok(m, new_sigma, sigma):
-        return None
-    return {q: inner[q][_block_move(new_sigma, spec.perms[q] // groups)] for q in labels}
+    if math.factorial(groups) <= 24:
+        cands = [torch.as_tensor(c) for c in itertools.permutations(range(groups))]
+    else:
+        cands = [_lap(d.block_matrix(labels, groups, inner, perms))]
+    best, best_cost = None, total_cost(perms)
+    for cand in cands:
+        if torch.equal(cand, sigma):
+            continue
+        p = {**perms, **{q: inner[q][_block_move(cand, spec.perms[q] // groups)] for q in labels}}
+        changed = True
+        while changed:
+            changed = False
+            for q in labels:
+                if q in d.by_label:
+                    new = _label_step(d, spec, q, p)
+                    if new is not None:
+                        p[q], changed = new, True
+        c = total_cost(p)
+        if c < best_cost - 1e-12 * abs(best_cost):
+            best, best_cost = p, c
+    return None if best is None else {q: best[q] for q in labels}
 
 
 def align_many(mean_ref: Params, means: Params, spec: Spec, std_ref: Params | None = None,
