@@ -197,21 +197,47 @@ def _features(cost, mean0, std0, mean1, std1, names):
     return fa, fb
 
 
-def _objective(cost, mean0, std0, mean1p, std1p, names) -> float:
-    total = 0.0
-    for k in names:
-        m0, m1 = mean0[k].to(torch.float64), mean1p[k].to(torch.float64)
-        s0 = std0[k].to(torch.float64) if k in std0 else torch.zeros_like(m0)
-        s1 = std1p[k].to(torch.float64) if k in std1p else torch.zeros_like(m1)
-        if cost == "weights":
-            total += float(((m0 - m1) ** 2).sum())
-        elif cost == "wasserstein":
-            total += float(((m0 - m1) ** 2).sum() + ((s0 - s1) ** 2).sum())
-        elif cost == "kl":
-            total += float(kl_diag(m1, s1, m0, s0))
-        else:
-            total += float(((m0 - m1) ** 2 / (2 * s0**2)).sum())
-    return total
+class _Cost:
+    """The exact objective as a sum of per-tensor terms, recomputed only for the tensors whose labels
+    changed (grouped weights as dense tensors, their off-block zeros masked out)."""
+
+    def __init__(self, cost, spec: Spec, mean0, std0, mean1, std1, names, by_param):
+        self.cost, self.by_param = cost, by_param
+        self.by_label: dict[str, set[str]] = {}
+        for param, acts in by_param.items():
+            for a in acts:
+                self.by_label.setdefault(a.label, set()).add(param)
+        self.t = {}
+        for k in names:
+            m0, m1 = mean0[k].to(torch.float64), mean1[k].to(torch.float64)
+            s0 = std0[k].to(torch.float64) if k in std0 else torch.zeros_like(m0)
+            s1 = std1[k].to(torch.float64) if k in std1 else torch.zeros_like(m1)
+            grouped = spec.groups_of(k) > 1
+            mask = ops.dense_weight({k: torch.ones_like(m0)}, spec, k).bool() if grouped else None
+            self.t[k] = tuple(ops.dense_weight({k: x}, spec, k) for x in (m0, s0, m1, s1)) + (mask,)
+        self.terms = {k: self._term(k, {}) for k in self.t}
+
+    def _term(self, k, perms) -> float:
+        m0, s0, m1, s1, mask = self.t[k]
+        for a in self.by_param.get(k, []):
+            if a.label in perms:
+                m1 = m1.index_select(a.axis, perms[a.label].to(m1.device))
+                s1 = s1.index_select(a.axis, perms[a.label].to(s1.device))
+        if mask is not None:
+            m0, s0, m1, s1 = m0[mask], s0[mask], m1[mask], s1[mask]
+        if self.cost == "weights":
+            return float(((m0 - m1) ** 2).sum())
+        if self.cost == "wasserstein":
+            return float(((m0 - m1) ** 2).sum() + ((s0 - s1) ** 2).sum())
+        if self.cost == "kl":
+            return float(kl_diag(m1, s1, m0, s0))
+        return float(((m0 - m1) ** 2 / (2 * s0**2)).sum())
+
+    def value(self, perms, labels=None) -> tuple[float, dict[str, float]]:
+        """The objective at ``perms``, recomputing the tensors of ``labels`` (all when ``None``)."""
+        keys = self.t if labels is None else {k for q in labels for k in self.by_label.get(q, ())}
+        terms = {**self.terms, **{k: self._term(k, perms) for k in keys}}
+        return math.fsum(terms.values()), terms
 
 
 def _lap(c: torch.Tensor) -> torch.Tensor:
@@ -368,12 +394,14 @@ def align(
                  and any(a.param == k and a.perm is not None for a in spec.actions)]
     names = list(names)
     if cost in ("kl", "kl-mean"):
-        bad = [k for k in names if k not in std0 or not bool((std0[k] > 0).all())]
-        if bad:
-            raise ValueError(
-                f"cost {cost!r} divides by std0, which is missing or not positive on {bad[:3]}; pass the "
-                "posterior's standard deviations, or restrict the aligned tensors with names="
-            )
+        sides = (("std0", std0), ("std1", std1)) if cost == "kl" else (("std0", std0),)
+        for side, std in sides:
+            bad = [k for k in names if k not in std or not bool((std[k] > 0).all())]
+            if bad:
+                raise ValueError(
+                    f"cost {cost!r} needs positive {side}, missing or not positive on {bad[:3]}; pass the "
+                    "posteriors' standard deviations, or restrict the aligned tensors with names="
+                )
     acts = _touched(spec, names)
     fa, fb = _features(cost, mean0, std0, mean1, std1, names)
     d = _Descent(spec, fa, fb, acts)
@@ -383,12 +411,8 @@ def align(
         perms.update({k: torch.as_tensor(v).long().cpu() for k, v in init.items()})
         ops.permute(mean1, spec, {k: v.to(mean1[next(iter(mean1))].device) for k, v in perms.items()})
 
-    def current_cost(p) -> float:
-        dev = next(iter(mean1.values())).device
-        pd = {k: v.to(dev) for k, v in p.items()}
-        m = ops.permute(mean1, spec, pd)
-        s = _permute_partial(std1, mean1, spec, pd)
-        return _objective(cost, mean0, std0, m, s, names)
+    tracker = _Cost(cost, spec, mean0, std0, mean1, std1, names, d.by_param)
+    first, tracker.terms = tracker.value(perms)
 
     units: list[tuple[str, str]] = [("label", k) for k in spec.perms if k in d.by_label]
     ties = spec.tie_classes()
@@ -396,7 +420,7 @@ def align(
         if tie is not None and spec.blocks[labels[0]][0] > 1:
             units.append(("blocks", tie))
     rng = np.random.default_rng(seed)
-    costs = [current_cost(perms)]
+    costs = [first]
     steps: list[str] = []
     converged, rounds = False, 0
     while rounds < max_rounds:
@@ -408,13 +432,15 @@ def align(
                 new = _label_step(d, spec, key, perms)
                 new = None if new is None else {key: new}
             else:
-                new = _block_step(d, spec, ties[key], perms, current_cost)
+                labels = ties[key]
+                new = _block_step(d, spec, labels, perms, lambda p, q=labels: tracker.value(p, q)[0])
             if new is None:
                 continue
             perms.update(new)
             changed = True
             steps.append(key if kind == "label" else f"blocks:{key}")
-            costs.append(current_cost(perms))
+            value, tracker.terms = tracker.value(perms, new)
+            costs.append(value)
         if not changed:
             converged = True
             break
