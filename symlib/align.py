@@ -325,6 +325,27 @@ class _Descent:
                     )
         return m
 
+    def block_values(self, labels: list[str], groups: int, perms) -> torch.Tensor:
+        """``V[g, h]``: for every label of a tie, the best within-block assignment of side-1 block ``h``
+        to block ``g``, on the tensors that tie the label to labels outside the tie (those terms do not
+        depend on the tie's other labels), summed over the labels; ``G^2`` small assignments each."""
+        v = torch.zeros(groups, groups, dtype=torch.float64)
+        tied = set(labels)
+        for q in labels:
+            n = self.spec.perms[q]
+            k = n // groups
+            c = torch.zeros(n, n, dtype=torch.float64)
+            for a in self.by_label.get(q, []):
+                if any(b.label in tied and b.label != q for b in self.by_param[a.param]):
+                    continue
+                mb = self._mat(self._side1(a.param, perms, skip=(q,)), a.axis)
+                c += (self.mat_a[a] @ mb.T).cpu()
+            for g in range(groups):
+                for h in range(groups):  # loops over blocks, not neurons
+                    blk = c[g * k:(g + 1) * k, h * k:(h + 1) * k]
+                    v[g, h] += blk[torch.arange(k), _lap(blk)].sum()
+        return v
+
     @staticmethod
     def _diag_blocks(t: torch.Tensor, axes, groups: int) -> torch.Tensor:
         a0, a1 = axes
@@ -370,8 +391,9 @@ def align(
             (``std0`` on every aligned tensor, positive).
         cost: ``"weights"``, ``"wasserstein"``, ``"kl"`` or ``"kl-mean"`` (module docstring).
         names: tensors entering the cost; default every floating tensor some permutation acts on
-            (weights, biases, BatchNorm parameters and running statistics).
-        max_rounds: stop after this many rounds even without convergence.
+            (weights, biases, BatchNorm parameters and running statistics), for the KL costs those
+            of them that ``std0`` holds.
+        max_rounds: stop after this many rounds even without convergence (0 evaluates ``init``).
         seed: seed of the visiting order.
         init: starting permutations (default the identity); they must be symmetries of ``spec``.
 
@@ -391,7 +413,8 @@ def align(
     std1 = {} if std1 is None else dict(std1)
     if names is None:
         names = [k for k in spec.shapes if mean0[k].is_floating_point()
-                 and any(a.param == k and a.perm is not None for a in spec.actions)]
+                 and any(a.param == k and a.perm is not None for a in spec.actions)
+                 and (cost not in ("kl", "kl-mean") or k in std0)]
     names = list(names)
     if cost in ("kl", "kl-mean"):
         sides = (("std0", std0), ("std1", std1)) if cost == "kl" else (("std0", std0),)
@@ -488,10 +511,12 @@ def _label_step(d: _Descent, spec: Spec, key: str, perms):
 def _block_step(d: _Descent, spec: Spec, labels: list[str], perms, total_cost):
     """Move whole blocks of the grouped labels of one tie: the new permutations or ``None``.
 
-    Candidates for the block permutation: all ``G!`` when ``G <= 4``, else the assignment over
-    blocks of :meth:`_Descent.block_matrix` (inner arrangements held). Each candidate moves the
-    blocks of every label of the tie together, then re-solves the labels inside their blocks until
-    no label changes; the best candidate is kept when its exact cost is strictly lower.
+    Candidates for the block permutation: all ``G!`` when ``G <= 4``, else two assignments over
+    blocks, of :meth:`_Descent.block_matrix` (inner arrangements held) and of
+    :meth:`_Descent.block_values` (inner arrangements re-solved on the tensors outside the tie).
+    Each candidate moves the blocks of every label of the tie together, then re-solves the labels
+    inside their blocks until no label changes; the best candidate is kept when its exact cost is
+    strictly lower.
     """
     groups = spec.blocks[labels[0]][0]
     sigma = ops.block_perm(perms[labels[0]], groups)
@@ -500,7 +525,8 @@ def _block_step(d: _Descent, spec: Spec, labels: list[str], perms, total_cost):
     if math.factorial(groups) <= 24:
         cands = [torch.as_tensor(c) for c in itertools.permutations(range(groups))]
     else:
-        cands = [_lap(d.block_matrix(labels, groups, inner, perms))]
+        cands = [_lap(d.block_matrix(labels, groups, inner, perms)),
+                 _lap(d.block_values(labels, groups, perms))]
     best, best_cost = None, total_cost(perms)
     for cand in cands:
         if torch.equal(cand, sigma):

@@ -93,6 +93,61 @@ def test_grouped_blocks_are_moved_back():
     assert all(torch.equal(r.perms[k], ops.invert_perm(p)) for k, p in g.perms.items())
 
 
+class FiveGroups(torch.nn.Module):
+    """conv 2->10, ReLU, conv 10->15 with 5 groups, ReLU, pool, linear: 5! block permutations, more
+    than the block step enumerates, so it takes its assignment-over-blocks path."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(2, 10, 3)
+        self.conv2 = torch.nn.Conv2d(10, 15, 3, groups=5)
+        self.fc = torch.nn.Linear(15, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.conv2(torch.relu(self.conv1(x)))).mean(dim=(2, 3))
+        return self.fc(x)
+
+
+def _five_groups(seed):
+    torch.manual_seed(seed)
+    model = FiveGroups().to(torch.float64).eval()
+    return spec_of(model, (2, 8, 8)), {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_five_groups_recovered_by_assignment_over_blocks(seed):
+    spec, theta = _five_groups(seed)
+    std = _std_like(theta, seed + 1)
+    g = ops.random_element(spec, "perm", generator=torch.Generator().manual_seed(seed + 2))
+    assert not torch.equal(ops.block_perm(g.perms["conv2"], 5), torch.arange(5))
+    r = align.align(theta, ops.permute(theta, spec, g.perms), spec, std, ops.permute(std, spec, g.perms))
+    assert any(step.startswith("blocks:") for step in r.steps)
+    assert all(torch.equal(r.perms[k], ops.invert_perm(p)) for k, p in g.perms.items())
+
+
+def test_block_matrix_is_the_exact_cost_of_moving_blocks():
+    """c(sigma) = const + sum_g M[g, sigma(g)] for block moves of a tie, inner arrangements held."""
+    spec, mean0 = _five_groups(0)
+    _, mean1 = _five_groups(1)
+    std0, std1 = _std_like(mean0, 2), _std_like(mean1, 3)
+    names = sorted({a.param for a in spec.actions if a.perm is not None})
+    acts = align._touched(spec, names)
+    d = align._Descent(spec, *align._features("kl", mean0, std0, mean1, std1, names), acts)
+    labels = spec.tie_classes()["conv1"]
+    inner = ops.random_element(spec, "perm", generator=torch.Generator().manual_seed(4)).perms
+    inner = {q: inner[q][align._block_move(ops.invert_perm(ops.block_perm(inner[q], 5)), spec.perms[q] // 5)]
+             for q in labels}  # block-preserving: side 1's blocks stay in place
+    m = d.block_matrix(labels, 5, inner, {k: torch.arange(n) for k, n in spec.perms.items()})
+    values = []
+    for seed in range(4):
+        sigma = torch.randperm(5, generator=torch.Generator().manual_seed(seed))
+        perms = {q: inner[q][align._block_move(sigma, spec.perms[q] // 5)] for q in labels}
+        r = align.align(mean0, mean1, spec, std0, std1, cost="kl", init=perms, max_rounds=0)
+        values.append((r.cost, float(m[torch.arange(5), sigma].sum())))
+    for (c, s), (c0, s0) in zip(values[1:], values[:1] * 3, strict=True):
+        assert c - c0 == pytest.approx(s - s0, rel=1e-9, abs=1e-9)
+
+
 @pytest.mark.parametrize("cost", align.COSTS)
 def test_descent_never_increases_and_reports_the_closed_form(cost):
     _, spec, mean0 = _mlp([6, 16, 16, 3], seed=0)
