@@ -416,6 +416,11 @@ def align(
                  and any(a.param == k and a.perm is not None for a in spec.actions)
                  and (cost not in ("kl", "kl-mean") or k in std0)]
     names = list(names)
+    if not names:
+        raise ValueError(
+            f"no tensor to align with cost {cost!r}: the KL costs need std0 on the permuted tensors; "
+            "pass the posterior's standard deviations or name the tensors with names="
+        )
     if cost in ("kl", "kl-mean"):
         sides = (("std0", std0), ("std1", std1)) if cost == "kl" else (("std0", std0),)
         for side, std in sides:
