@@ -418,8 +418,8 @@ def align(
     names = list(names)
     if not names:
         raise ValueError(
-            f"no tensor to align with cost {cost!r}: the KL costs need std0 on the permuted tensors; "
-            "pass the posterior's standard deviations or name the tensors with names="
+            f"no tensor to align with cost {cost!r}: names is empty, or (KL costs) std0 holds none of the "
+            "permuted tensors; pass the posterior's standard deviations or name the tensors with names="
         )
     if cost in ("kl", "kl-mean"):
         sides = (("std0", std0), ("std1", std1)) if cost == "kl" else (("std0", std0),)
