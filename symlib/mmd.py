@@ -63,10 +63,10 @@ then neurons sorted by their largest incoming weight, :func:`symlib.canonical.ca
 
 **Computation.** Per layer, one L1 and one L2 distance matrix of the pooled checkpoints serves all 20
 kernels, every permutation and every bootstrap replicate (a permutation or a resample is a weight vector,
-and its statistic a quadratic form ``a^T K_0 a`` evaluated as one batched matrix product). Without
-tests, only the upper triangles of the within-set blocks are exponentiated. Work stays on the device of the
-inputs, in float64 by default. :func:`table` shares the target's symmetry removal and its within-target
-distances across methods.
+and its statistic a quadratic form ``a^T K_0 a`` evaluated as one batched matrix product). Within a set,
+each pair's distance is computed once (``torch.pdist``) and, for the estimate, exponentiated once. Work
+stays on the device of the inputs, in float64 by default. :func:`table` shares the target's symmetry
+removal and its within-target distances across methods.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ class Pair:
         names: layer names; ``sizes``: their parameter counts.
         x: target layers, ``(m, d)`` each; ``y``: method layers, ``(n, d)`` each.
         symmetries: which symmetries were removed (:func:`remove_symmetries`).
-        dxx: optional cached within-target distances ``(2, m, m)`` per layer (L1, L2), shared by
+        dxx: optional cached within-target distances per layer, ``(2, m(m-1)/2)`` (L1, L2; the upper
+            triangle, :func:`_pdist`), shared by
             :func:`table` across methods.
     """
 
@@ -215,10 +216,24 @@ def prepare(target, samples, spec: Spec | None = None, symmetries: str = "raw", 
 
 # ------------------------------------------------------------------------- kernels
 def _cdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """L1 and L2 distances ``(2, len(a), len(b))``, computed directly (no ``|a|^2 + |b|^2 - 2ab`` shortcut,
-    whose cancellation would blur distances near 0)."""
+    """L1 and L2 distances between the rows of ``a`` and ``b``: ``(2, len(a), len(b))``."""
     return torch.stack([torch.cdist(a, b, p=1.0),
                         torch.cdist(a, b, p=2.0, compute_mode="donot_use_mm_for_euclid_dist")])
+
+
+def _pdist(a: torch.Tensor) -> torch.Tensor:
+    """L1 and L2 distances between the distinct rows of ``a``, upper triangle row by row (the order of
+    ``torch.triu_indices``): ``(2, m(m-1)/2)``. Computed directly, never through ``|a|^2 + |b|^2 - 2ab``,
+    whose cancellation would blur small distances."""
+    return torch.stack([torch.pdist(a, p=1.0), torch.pdist(a, p=2.0)])
+
+
+def _square(d: torch.Tensor, m: int) -> torch.Tensor:
+    """The full symmetric ``(2, m, m)`` matrices of condensed distances ``(2, m(m-1)/2)``."""
+    full = d.new_zeros(2, m, m)
+    iu = torch.triu_indices(m, m, 1, device=d.device)
+    full[:, iu[0], iu[1]] = d
+    return full + full.transpose(-1, -2)
 
 
 def bandwidths(cross: torch.Tensor, n: int = N_BANDWIDTHS) -> torch.Tensor:
@@ -241,7 +256,8 @@ RULES = ("cross", "pooled")
 
 
 def _layer_bandwidths(dxx, dyy, dxy, rule: str = "cross") -> torch.Tensor:
-    """The 20 bandwidths of one layer, Laplace (L1) then Gaussian (L2), from its distances ``(2, ., .)``.
+    """The 20 bandwidths of one layer, Laplace (L1) then Gaussian (L2), from its distances (within-set
+    condensed ``(2, .)``, cross ``(2, m, n)``).
 
     ``"cross"`` (the paper's, MMDAgg's): the cross distances of the first 500 rows of each set.
     ``"pooled"``: the distances between all pairs of distinct checkpoints of the pooled sample, a function
@@ -250,11 +266,7 @@ def _layer_bandwidths(dxx, dyy, dxy, rule: str = "cross") -> torch.Tensor:
     if rule == "cross":
         d = dxy[:, :MAX_ROWS, :MAX_ROWS].reshape(2, -1)
     elif rule == "pooled":
-        parts = [dxy.reshape(2, -1)]
-        for w in (dxx, dyy):
-            iu = torch.triu_indices(w.shape[-1], w.shape[-1], 1, device=w.device)
-            parts.append(w[:, iu[0], iu[1]])
-        d = torch.cat(parts, -1)
+        d = torch.cat([dxy.reshape(2, -1), dxx, dyy], -1)
     else:
         raise ValueError(f"unknown bandwidth rule {rule!r}; choose one of {RULES}")
     return torch.cat([bandwidths(d[0]), bandwidths(d[1])])
@@ -263,21 +275,27 @@ def _layer_bandwidths(dxx, dyy, dxy, rule: str = "cross") -> torch.Tensor:
 def _kernel(d: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """The 20 kernels on distances ``d`` ``(2, ...)``: ``(20, ...)``."""
     shape = (-1,) + (1,) * (d.ndim - 1)
-    lap = torch.exp(-d[0] / h[:N_BANDWIDTHS].reshape(shape))
-    gau = torch.exp(-(d[1] / h[N_BANDWIDTHS:].reshape(shape)) ** 2)
-    return torch.cat([lap, gau])
+    out = torch.empty((2 * N_BANDWIDTHS, *d.shape[1:]), dtype=d.dtype, device=d.device)
+    torch.mul(d[0], (-1 / h[:N_BANDWIDTHS]).reshape(shape), out=out[:N_BANDWIDTHS])
+    torch.mul(d[1] * d[1], (-1 / h[N_BANDWIDTHS:] ** 2).reshape(shape), out=out[N_BANDWIDTHS:])
+    return out.exp_()
+
+
+def _kernel_sums(d: torch.Tensor, h: torch.Tensor, chunk: int = 1 << 18) -> torch.Tensor:
+    """``sum_j k(d_j)`` for the 20 kernels over distances ``d`` ``(2, P)``: ``(20,)``, in slices of
+    ``chunk`` distances (memory ``20 chunk`` floats)."""
+    total = d.new_zeros(2 * N_BANDWIDTHS)
+    for i in range(0, d.shape[-1], chunk):
+        total += _kernel(d[:, i:i + chunk], h).sum(-1)
+    return total
 
 
 def _observed(dxx, dyy, dxy, h) -> torch.Tensor:
-    """``MMD^2_u`` for the 20 kernels ``(20,)``, exponentiating only the within-set upper triangles."""
-    m, n = dxx.shape[-1], dyy.shape[-1]
-
-    def within(d):
-        iu = torch.triu_indices(d.shape[-1], d.shape[-1], 1, device=d.device)
-        return 2 * _kernel(d[:, iu[0], iu[1]], h).sum(-1)
-
-    sxy = _kernel(dxy.reshape(2, -1), h).sum(-1)
-    return within(dxx) / (m * (m - 1)) + within(dyy) / (n * (n - 1)) - 2 * sxy / (m * n)
+    """``MMD^2_u`` for the 20 kernels ``(20,)`` from condensed within-set distances (each pair once)."""
+    m, n = dxy.shape[-2], dxy.shape[-1]
+    sxx, syy = 2 * _kernel_sums(dxx, h), 2 * _kernel_sums(dyy, h)
+    sxy = _kernel_sums(dxy.reshape(2, -1), h)
+    return sxx / (m * (m - 1)) + syy / (n * (n - 1)) - 2 * sxy / (m * n)
 
 
 def estimate(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None, rule: str = "cross"
@@ -291,7 +309,7 @@ def estimate(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None, ru
     """
     if x.shape[0] < 2 or y.shape[0] < 2:
         raise ValueError(f"the unbiased MMD needs at least 2 samples per set, got {x.shape[0]}, {y.shape[0]}")
-    dxx, dyy, dxy = _cdist(x, x), _cdist(y, y), _cdist(x, y)
+    dxx, dyy, dxy = _pdist(x), _pdist(y), _cdist(x, y)
     h = _layer_bandwidths(dxx, dyy, dxy, rule) if h is None else torch.as_tensor(h, dtype=x.dtype,
                                                                                   device=x.device)
     return _observed(dxx, dyy, dxy, h), h
@@ -299,7 +317,9 @@ def estimate(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None, ru
 
 def _pooled_kernel(dxx, dyy, dxy, h) -> torch.Tensor:
     """The 20 kernel matrices of the pooled sample ``(20, m + n, m + n)``, zero on the diagonal."""
-    d = torch.cat([torch.cat([dxx, dxy], -1), torch.cat([dxy.transpose(-1, -2), dyy], -1)], -2)
+    m, n = dxy.shape[-2], dxy.shape[-1]
+    top = torch.cat([_square(dxx, m), dxy], -1)
+    d = torch.cat([top, torch.cat([dxy.transpose(-1, -2), _square(dyy, n)], -1)], -2)
     k = _kernel(d, h)
     k.diagonal(dim1=-2, dim2=-1).zero_()
     return k
@@ -452,8 +472,8 @@ class Result:
 # --------------------------------------------------------------------------- main
 def _distances(pair: Pair, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x, y = pair.x[layer], pair.y[layer]
-    dxx = pair.dxx[layer] if pair.dxx is not None else _cdist(x, x)
-    return dxx, _cdist(y, y), _cdist(x, y)
+    dxx = pair.dxx[layer] if pair.dxx is not None else _pdist(x)
+    return dxx, _pdist(y), _cdist(x, y)
 
 
 def mmd(pair: Pair, n_permutations: int = 0, n_bootstrap: int = 0, seed: int = 0, rule: str = "cross",
@@ -533,7 +553,7 @@ def table(target, methods: Mapping[str, object], spec: Spec | None = None,
     with _progress.bar(len(methods) * len(symmetries), desc="mmd table", enabled=progress) as bar:
         for sym in symmetries:
             xs = flatten(remove_symmetries(target, spec, sym, check), layers, dtype)
-            dxx = tuple(_cdist(x, x) for x in xs)
+            dxx = tuple(_pdist(x) for x in xs)
             for name, samples in methods.items():
                 ys = flatten(remove_symmetries(_unwrap(samples), spec, sym, check), layers, dtype)
                 pair = Pair(tuple(layers), tuple(int(x.shape[1]) for x in xs), tuple(xs), tuple(ys), sym, dxx)
