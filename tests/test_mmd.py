@@ -213,8 +213,7 @@ def test_permutation_and_bootstrap_paths_agree_with_direct_computation():
     dxx, dyy, dxy = mmd._distances(pair, 0)
     h = res.bandwidths[0]
     k = mmd._pooled_kernel(dxx, dyy, dxy, h)
-    ident = torch.zeros(12, 1, dtype=F64)
-    ident[:7] = 1
+    ident = torch.arange(12)[None]
     torch.testing.assert_close(mmd._permuted(k, 7, ident)[:, 0], res.values[0], rtol=1e-12, atol=1e-14)
     ones_a, ones_b = torch.ones(7, 1, dtype=F64), torch.ones(5, 1, dtype=F64)
     torch.testing.assert_close(mmd._resampled(k, 7, ones_a, ones_b)[:, 0], res.values[0], rtol=1e-12,
@@ -222,10 +221,8 @@ def test_permutation_and_bootstrap_paths_agree_with_direct_computation():
     # a permutation
     z = torch.cat([x, y])
     perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
-    split = torch.zeros(12, 1, dtype=F64)
-    split[perm[:7]] = 1
     want, _ = ref_layer(z[perm[:7]].numpy(), z[perm[7:]].numpy(), h.numpy())
-    np.testing.assert_allclose(mmd._permuted(k, 7, split)[:, 0].numpy(), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(mmd._permuted(k, 7, perm[None])[:, 0].numpy(), want, rtol=1e-10, atol=1e-12)
     # a resample: copies of one checkpoint are distinct rows, but their pairs do not count
     ia, ib = [0, 0, 2, 3, 3, 3, 6], [1, 1, 4, 0, 2]
     ca = torch.bincount(torch.tensor(ia), minlength=7).to(F64)[:, None]
@@ -246,6 +243,23 @@ def test_permutation_and_bootstrap_paths_agree_with_direct_computation():
 
         cross = sum(kf(a, b) for a in xs for b in ys) / (len(xs) * len(ys))
         assert float(got[kern]) == pytest.approx(within(xs, ia) + within(ys, ib) - 2 * cross, rel=1e-10)
+
+
+@pytest.mark.parametrize("m, n", [(30, 4), (4, 30), (12, 10)])
+def test_permuted_matches_recomputation(m, n):
+    """Every re-split's statistic (quadratic forms of one kernel matrix) equals the estimator recomputed on
+    the re-split pool with the same bandwidths, for X larger, smaller or close to Y in size."""
+    t, s = gaussian_sets(m, n, shift=0.2, layers=1)
+    pair = mmd.prepare(t, s)
+    dxx, dyy, dxy = mmd._distances(pair, 0)
+    h = mmd._layer_bandwidths(dxx, dyy, dxy, "pooled")
+    k = mmd._pooled_kernel(dxx, dyy, dxy, h)
+    order = torch.rand(5, m + n, generator=torch.Generator().manual_seed(1)).argsort(-1)
+    z = torch.cat([pair.x[0], pair.y[0]])
+    got = mmd._permuted(k, m, order)
+    for b in range(5):
+        want, _ = mmd.estimate(z[order[b, :m]], z[order[b, m:]], h)
+        torch.testing.assert_close(got[:, b], want, rtol=1e-10, atol=1e-13)
 
 
 def test_reduce_median_weighted_max():
