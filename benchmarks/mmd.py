@@ -20,7 +20,8 @@ Compared, interleaved in one run:
   and serve its 10 kernels each (how far the shared distances alone go).
 
 The values of every layer and kernel that ``loop`` computes must equal ours to 1e-10 (relative) or the script
-fails. The last line is ``speedup: <x>x``, ``loop`` over ``symlib``.
+fails. For the chapter's time budget, one comparison with a permutation test and bootstrap intervals
+(``--tests``) is timed too. The last line is ``speedup: <x>x``, ``loop`` over ``symlib``.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def main(argv=None) -> float:
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--kernels", type=int, default=4, help="kernels per layer the loop version runs (even)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--tests", type=int, default=200,
+                    help="also time one comparison with this many permutations and bootstrap resamples")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.kernels % 2 or not 2 <= args.kernels <= 20:
@@ -147,6 +150,13 @@ def main(argv=None) -> float:
     for sym, r in ours.items():
         print(f"  {sym:>3s}: MMD x100 median/mean/max = "
               + " / ".join(f"{v:.2f}" for v in r.summary().values()))
+    if args.tests:
+        t = time.perf_counter()
+        full = mmd.mmd(pairs["ns"], n_permutations=args.tests, n_bootstrap=args.tests)
+        row, took = full.summary(), time.perf_counter() - t
+        print(f"  NS with {args.tests} permutations + {args.tests} resamples: {took:.1f} s; "
+              f"median x100 {row['median']:.2f} [{row['median_lo']:.2f}, {row['median_hi']:.2f}], "
+              f"p = {row['median_p']:.3f}", flush=True)
     ours_s, loop_s, shared_s = min(ours_t), min(loop_t), min(shared_t)
     note = "" if args.kernels == 20 else f" (timed on {args.kernels} of 20 kernels per layer, x {scale:g})"
     print(f"symlib.mmd: {ours_s:.2f} s")
