@@ -211,3 +211,12 @@ def test_bad_input_names_problem_and_fix():
     with pytest.raises(ValueError, match="at least two models"):
         M.pairwise_mi(p[:1])
     M.evaluate(p, y, _probs(2, 8, 3, 2))  # a different number of OOD inputs is fine
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_metrics_on_cuda_match_cpu():
+    p, y, q = _probs(5, 50, 4, 0), _labels(50, 4, 1), _probs(5, 30, 4, 2, 0.5)
+    cpu = M.evaluate(p, y, q)
+    gpu = M.evaluate(p.cuda(), y.cuda(), q.cuda())
+    assert list(gpu.values()) == pytest.approx(list(cpu.values()), rel=1e-9, abs=1e-9)
+    torch.testing.assert_close(M.pairwise_mi(p.cuda()).cpu(), M.pairwise_mi(p), rtol=1e-9, atol=1e-12)

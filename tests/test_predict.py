@@ -86,3 +86,36 @@ def test_bad_inputs():
         predict.probs(no_stats, torch.zeros(2, 3, 8, 8), lambda: models.ResNet18(num_classes=4, width=2))
     with pytest.raises(ValueError, match="architecture has"):
         predict.probs(res, torch.zeros(2, 3, 8, 8), lambda: models.ResNet18(num_classes=5, width=2))
+
+
+class _DataDependent(nn.Module):
+    """A branch on a tensor's value: torch.vmap cannot batch it, so probs must fall back to the loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        z = self.fc(x)
+        return z if bool(z.sum() > 0) else -z
+
+
+def test_vmap_failure_falls_back_to_the_loop():
+    nets = [_DataDependent().double() for _ in range(3)]
+    x = torch.randn(5, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError):
+        predict.probs(_stack(nets), x, _DataDependent, dtype=torch.float64, vmap=True)
+    p = predict.probs(_stack(nets), x, _DataDependent, dtype=torch.float64)
+    torch.testing.assert_close(p, _reference(nets, x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    nets = [T.init_model(models.OptuNet, s) for s in range(4)]
+    x = torch.randn(6, 1, 28, 28)
+    cpu = predict.probs(_stack(nets), x)
+    torch.testing.assert_close(predict.probs(_stack(nets), x, device="cuda").cpu(), cpu, rtol=1e-4, atol=1e-5)
+    mlp = [models.MLP([4, 5, 3]) for _ in range(2)]
+    xm = torch.randn(3, 4)
+    gpu = predict.probs(_stack(mlp), xm, lambda: models.MLP([4, 5, 3]), device="cuda")
+    torch.testing.assert_close(gpu.cpu(), _reference(mlp, xm), rtol=1e-4, atol=1e-5)
