@@ -163,17 +163,23 @@ def mutual_information(p: torch.Tensor, reduction: str = "mean") -> torch.Tensor
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    check_probs(p)
-    p64 = p.to(torch.float64)
-    mi = entropy(p64.mean(0)) - entropy(p64).mean(0)
+    mi = _mi(check_probs(p))
     return mi.mean() if reduction == "mean" else mi
+
+
+def _mi(p: torch.Tensor) -> torch.Tensor:
+    p64 = p.to(torch.float64)
+    return entropy(p64.mean(0)) - entropy(p64).mean(0)
 
 
 # ------------------------------------------------------------------------------ in-distribution metrics
 def accuracy(p: torch.Tensor, y: torch.Tensor) -> float:
     """Accuracy of the predictive's top class (a fraction)."""
-    pbar = predictive(p)
-    return float((pbar.max(-1).indices == _labels_on(y, p)).double().mean())
+    return _accuracy(predictive(p), _labels_on(y, p))
+
+
+def _accuracy(pbar: torch.Tensor, y: torch.Tensor) -> float:
+    return float((pbar.max(-1).indices == y).double().mean())
 
 
 def ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
@@ -188,9 +194,12 @@ def ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
     """
     if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
-    pbar = predictive(p)
+    return _ece(predictive(p), _labels_on(y, p), n_bins)
+
+
+def _ece(pbar: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
     conf, pred = pbar.max(-1)
-    correct = (pred == _labels_on(y, p)).double()
+    correct = (pred == y).double()
     edges = torch.linspace(0, 1, n_bins + 1, dtype=conf.dtype, device=conf.device)
     idx = torch.bucketize(conf, edges, right=True) - 1  # in [0, n_bins]; n_bins only for conf == 1
     gap = torch.zeros(n_bins + 1, dtype=torch.float64, device=conf.device)
@@ -201,17 +210,22 @@ def ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
 def brier(p: torch.Tensor, y: torch.Tensor) -> float:
     r"""Brier score of the predictive, :math:`\frac1N \sum_n \sum_c (\bar p_{nc} - [c = y_n])^2`
     (in [0, 2])."""
-    pbar = predictive(p)
-    onehot = torch.nn.functional.one_hot(_labels_on(y, p), p.shape[-1]).to(pbar.dtype)
+    return _brier(predictive(p), _labels_on(y, p))
+
+
+def _brier(pbar: torch.Tensor, y: torch.Tensor) -> float:
+    onehot = torch.nn.functional.one_hot(y, pbar.shape[-1]).to(pbar.dtype)
     return float(((pbar - onehot) ** 2).sum(-1).mean())
 
 
 def nll(p: torch.Tensor, y: torch.Tensor, eps: float = NLL_EPS) -> float:
     r"""Negative log-likelihood of the predictive (nats),
     :math:`-\frac1N \sum_n \log \max(\bar p(y_n \mid x_n), \epsilon)`."""
-    pbar = predictive(p)
-    py = pbar.gather(1, _labels_on(y, p)[:, None])[:, 0]
-    return float(-py.clamp_min(eps).log().mean())
+    return _nll(predictive(p), _labels_on(y, p), eps)
+
+
+def _nll(pbar: torch.Tensor, y: torch.Tensor, eps: float = NLL_EPS) -> float:
+    return float(-pbar.gather(1, y[:, None])[:, 0].clamp_min(eps).log().mean())
 
 
 # ------------------------------------------------------------------------------------- OOD detection
@@ -265,19 +279,31 @@ def fpr_at_tpr(scores_pos: torch.Tensor, scores_neg: torch.Tensor, tpr: float = 
 def aupr(p_id: torch.Tensor, p_ood: torch.Tensor) -> float:
     """Area under the precision-recall curve (average precision) of detecting OOD inputs (positive) by
     :func:`ood_score` (a fraction)."""
+    pbar_id, pbar_ood = _predictives(p_id, p_ood)
+    return _aupr(pbar_id, pbar_ood)
+
+
+def _predictives(p_id: torch.Tensor, p_ood: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_probs(p_ood, "p_ood")
     _check_pair(check_probs(p_id, "p_id"), p_ood)
-    scores = torch.cat([ood_score(p_id), ood_score(p_ood)])
-    positive = torch.cat([torch.zeros(p_id.shape[1]), torch.ones(p_ood.shape[1])]).bool().to(scores.device)
+    return p_id.mean(0, dtype=torch.float64), p_ood.mean(0, dtype=torch.float64)
+
+
+def _aupr(pbar_id: torch.Tensor, pbar_ood: torch.Tensor) -> float:
+    scores = -torch.cat([pbar_id, pbar_ood]).max(-1).values
+    positive = torch.zeros_like(scores, dtype=torch.bool)
+    positive[pbar_id.shape[0] :] = True
     return average_precision(scores, positive)
 
 
 def fpr95(p_id: torch.Tensor, p_ood: torch.Tensor) -> float:
     """Fraction of in-distribution inputs flagged as OOD by :func:`ood_score` at the threshold that flags 95%
     of the OOD inputs (OOD positive; a fraction)."""
-    check_probs(p_ood, "p_ood")
-    _check_pair(check_probs(p_id, "p_id"), p_ood)
-    return fpr_at_tpr(ood_score(p_ood), ood_score(p_id), 0.95)
+    return _fpr95(*_predictives(p_id, p_ood))
+
+
+def _fpr95(pbar_id: torch.Tensor, pbar_ood: torch.Tensor) -> float:
+    return fpr_at_tpr(-pbar_ood.max(-1).values, -pbar_id.max(-1).values, 0.95)
 
 
 # ------------------------------------------------------------------------------------------ one call
@@ -298,16 +324,18 @@ def evaluate(p_id: torch.Tensor, y_id: torch.Tensor, p_ood: torch.Tensor | None 
     if p_ood is not None:
         check_probs(p_ood, "p_ood")
         _check_pair(p_id, p_ood)
+    pbar = p_id.mean(0, dtype=torch.float64)  # checked once; every metric reads the same predictive
     out = {
-        "Acc": accuracy(p_id, y),
-        "ECE": ece(p_id, y),
-        "Brier": brier(p_id, y),
-        "NLL": nll(p_id, y),
-        "IDMI": float(mutual_information(p_id)),
+        "Acc": _accuracy(pbar, y),
+        "ECE": _ece(pbar, y),
+        "Brier": _brier(pbar, y),
+        "NLL": _nll(pbar, y),
+        "IDMI": float(_mi(p_id).mean()),
     }
     if p_ood is not None:
-        out["AUPR"], out["FPR95"] = aupr(p_id, p_ood), fpr95(p_id, p_ood)
-        out["OODMI"] = float(mutual_information(p_ood))
+        pbar_ood = p_ood.mean(0, dtype=torch.float64)
+        out["AUPR"], out["FPR95"] = _aupr(pbar, pbar_ood), _fpr95(pbar, pbar_ood)
+        out["OODMI"] = float(_mi(p_ood).mean())
     return {k: 100 * out[k] for k in METRICS if k in out}
 
 

@@ -107,7 +107,7 @@ def probs(
     x: torch.Tensor,
     arch: Arch = "optunet",
     batch_size: int = 256,
-    chunk: int = 64,
+    chunk: int | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     vmap: bool | None = None,
@@ -122,7 +122,8 @@ def probs(
         arch: ``"optunet"`` for the stacked OptuNet fast path, else a factory ``() -> nn.Module`` (or a
             template module; its own weights are not used) of the architecture the samples belong to.
         batch_size: inputs per forward pass.
-        chunk: samples per forward pass; memory grows with ``chunk * batch_size``.
+        chunk: samples per forward pass (default 64 for OptuNet, 8 for a module); memory grows with
+            ``chunk * batch_size`` (a ResNet-18 holds its activations for that many images at once).
         device: where to compute (default: the device of ``params``); the result stays there.
         dtype: ``torch.float32`` (default) or ``torch.float64`` (weights, inputs and softmax).
         vmap: for module architectures, ``True`` batches the samples of a chunk with ``torch.vmap``,
@@ -137,6 +138,8 @@ def probs(
             non-positive ``batch_size`` / ``chunk``, an unsupported ``dtype``.
     """
     s = _n_samples(params)
+    if chunk is None:
+        chunk = 64 if isinstance(arch, str) and arch == "optunet" else 8
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     if not isinstance(x, torch.Tensor) or x.ndim < 2 or x.shape[0] == 0:
