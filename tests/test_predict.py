@@ -33,7 +33,7 @@ def test_optunet_fast_path_is_the_module_loop(chunk, batch_size):
     torch.testing.assert_close(p32.double(), p, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("vmap", [None, False])
+@pytest.mark.parametrize("vmap", [True, False])
 def test_resnet_with_batchnorm_buffers(vmap):
     """A tiny ResNet-18 with random BatchNorm statistics: functional_call (+ vmap) equals the module, in eval
     mode (running statistics, not batch statistics)."""
