@@ -13,7 +13,7 @@ import importlib
 from symlib import canonical, check, counting, data, models, ops, scales, spec, trace
 
 __version__ = "0.1.0"
-_LAZY = ("align", "minmass", "plotting", "toy", "train", "zoo", "cli", "mmd")
+_LAZY = ("align", "minmass", "plotting", "toy", "train", "zoo", "cli", "metrics", "mmd", "predict")
 __all__ = ["canonical", "check", "counting", "data", "models", "ops", "scales", "spec", "trace",
            *_LAZY, "__version__"]
 
