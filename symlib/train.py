@@ -375,14 +375,19 @@ def _optunet_loss_grads(
     """
     w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
     m, b = x.shape[0], x.shape[1]
-    i1, i1_block, i2, _ = _optunet_pattern_indices(str(w1.device))
-    # conv 1: (M, 48, 112) @ (M, 112, 24B), rows (s, c, r) for output row 6 s + r, columns (i', kj);
-    # only output rows/columns 0..23 survive the pooling
-    a1 = _place(w1.reshape(m * 2, 16), i1).view(m, 2, 4, 6, 112).transpose(1, 2).reshape(m, 48, 112)
+    _, i1_block, i2, _ = _optunet_pattern_indices(str(w1.device))
+    # conv 1, block by block: output rows 6 s + r (s = 0..3, r = 0..5) only meet input rows 6 s .. 6 s + 8,
+    # and the (12, 36) block A1 (rows (c, r), columns (i' - 6 s, kj)) is the same for every s, so the layer
+    # is one product of A1 with the four overlapping 36-row slices X_s of the column matrix, side by side:
+    # (M*4, 12, 36) @ (M*4, 36, 24B) (2.25x the useful multiply-adds; only output rows/columns 0..23
+    # survive the pooling).
+    a1 = _place(w1.reshape(m * 2, 16), i1_block).view(m, 1, 12, 36)
     xn = x[:, :, 0].permute(0, 2, 3, 1).contiguous()  # (M, i', j', B)
-    cols = xn.unfold(2, 4, 1)[:, :, :24].permute(0, 1, 4, 2, 3).reshape(m, 112, 24 * b)
+    # X[m, s, (di, kj), (j, b)] = x_b[6 s + di, j + kj]: one strided copy of xn
+    cols = xn.as_strided((m, 4, 9, 4, 24, b), (784 * b, 168 * b, 28 * b, b, b, 1)).reshape(m * 4, 36, 24 * b)
     # (M*8, B, 6, 24) channels-last: one image per (model, s, c), rows r; windows never straddle two s
-    z = torch.bmm(a1, cols).view(m * 8, 6, 24, b).permute(0, 3, 1, 2)
+    z = torch.bmm(a1.expand(m, 4, 12, 36).reshape(m * 4, 12, 36), cols).view(m * 8, 6, 24, b)
+    z = z.permute(0, 3, 1, 2)
     pooled, where = torch.ops.aten.max_pool2d_with_indices(z, [3, 3], [3, 3])
     pooled_t = pooled.permute(0, 2, 3, 1).reshape(m, 4, 2, 2, 8, b).transpose(1, 2).reshape(m * 2, 64, b)
     a = pooled_t.clamp_min(0)  # (M*2, (p, q), B)
@@ -411,12 +416,10 @@ def _optunet_loss_grads(
     da = torch.ops.aten.threshold_backward(torch.bmm(t2, du), pooled_t, 0)  # (M*2, 64, B)
     da = da.view(m, 2, 4, 2, 8, b).transpose(1, 2).reshape(m * 8, 2, 8, b).permute(0, 3, 1, 2)
     dz = torch.ops.aten.max_pool2d_with_indices_backward(da, z, [3, 3], [3, 3], [0, 0], [1, 1], False, where)
-    dz = dz.permute(0, 2, 3, 1).reshape(m, 4, 12, 24 * b)
-    # conv 1's weight gradient, block by block: rows (c, r) of block s only meet input rows 6s .. 6s + 8
-    g_block = torch.bmm(dz[:, 0], cols[:, 0:36].transpose(1, 2))  # (M, 12, 36)
-    for s in range(1, 4):
-        g_block.baddbmm_(dz[:, s], cols[:, 24 * s : 24 * s + 36].transpose(1, 2))
-    g_w1 = _place_grad(g_block.reshape(m * 2, 6 * 36), i1_block, 16)
+    dz = dz.permute(0, 2, 3, 1).reshape(m * 4, 12, 24 * b)
+    # conv 1's weight gradient: dA1 = sum_s dZ_s X_s^T
+    g_block = torch.bmm(dz, cols.transpose(1, 2)).view(m, 4, 12 * 36).sum(1)  # (M, (c, r, di, kj))
+    g_w1 = _place_grad(g_block.view(m * 2, 6 * 36), i1_block, 16)
     grads = {
         "conv1.weight": g_w1.view(w1.shape),
         "conv2.weight": g_w2.view(w2.shape),
