@@ -3,8 +3,9 @@ r"""Training recipes and the fast many-model trainer (book: "Checkpoint zoos").
 A *zoo* is many independently trained networks. Each member ``m`` has its own
 seed, from which two independent streams are derived (:func:`streams`): one draws
 the initial weights (PyTorch's default initialisation of the module), the other
-the data order (a fresh permutation of the training set every epoch) and the
-augmentation (a random crop offset per image). Given the same seed, the plain
+keys the data order (a fresh permutation of the training set every epoch) and the
+augmentation (a random crop offset per image), computed by a counter-based hash
+(:func:`epoch_plans`) that gives the same integers on every device. Given the same seed, the plain
 single-model loop (:func:`train_plain`) and the stacked trainer
 (:func:`train_stacked`) see exactly the same batches and crops.
 
@@ -169,7 +170,10 @@ def init_params(make: Callable[[], nn.Module], seeds: Sequence[int]) -> Params:
 
 
 def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One epoch's data order and augmentation for one model, drawn from its generator.
+    """One epoch's data order and augmentation for one model, drawn from a ``torch.Generator``.
+
+    The trainers use the device-independent counter-based :func:`epoch_plans` instead; this
+    generator-based draw stays for code that holds its own generator.
 
     Returns:
         ``perm`` (n,): the order of the training images; ``aug`` (n, 3) int64: per image (in ``perm``
@@ -182,6 +186,66 @@ def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[
     if flip:
         aug[:, 2] = torch.randint(0, 2, (n,), generator=gen)
     return perm, aug
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _hash32(v: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values in ``0 .. 2**32 - 1``.
+
+    Every product stays below ``2**63`` (a 32-bit value times a constant below ``2**31``) and every shift
+    is of a non-negative value, so the result is the same exact integer on every device and backend.
+    """
+    v = (v ^ (v >> 16)) * 0x7FEB352D & _M32
+    v = (v ^ (v >> 15)) * 0x5BD1E995 & _M32
+    return v ^ (v >> 16)
+
+
+def _counter_hash(keys: torch.Tensor, epoch: int, counter: torch.Tensor) -> torch.Tensor:
+    """``hash(key, epoch, counter)`` in ``0 .. 2**32 - 1``: ``keys`` (M,) 63-bit data-stream seeds,
+    ``counter`` any int64 tensor broadcast against ``keys[:, None]``."""
+    h = _hash32(keys & _M32) ^ _hash32((keys >> 32) ^ 0x3C6EF372)
+    h = _hash32(h[:, None] ^ _hash32(torch.full_like(h[:, None], epoch & _M32) ^ 0x1B873593))
+    return _hash32(h ^ counter)
+
+
+def epoch_plans(
+    seeds: Sequence[int],
+    epoch: int,
+    n: int,
+    padding: int,
+    flip: bool,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""One epoch's data order and augmentation for every model, computed on ``device``.
+
+    Counter-based: with :math:`h_m(e, k)` a 32-bit hash of (model ``m``'s data-stream seed
+    (:func:`streams`), epoch ``e``, counter ``k``), the order of the training set is image ``i``
+    sorted by the key :math:`h_m(e, i)\,n + i` (distinct keys, so the sort is unique), and the image at
+    position ``t`` gets the crop offsets :math:`\lfloor h_m(e, n + 3t + a)\,(2p + 1) / 2^{32} \rfloor`
+    (``a`` = 0 rows, 1 columns) and the flip coin :math:`\lfloor h_m(e, n + 3t + 2) / 2^{31} \rfloor`.
+    Only exact int64 arithmetic is involved, so the plan is the same on every device (the stacked
+    trainer on CPU or CUDA and the plain loop see the same batches), and no per-model generator is
+    needed (1,000 models x 60,000 images is a few elementwise operations and one sort).
+
+    Returns:
+        ``perms`` (M, n) int64, the order of the training images; ``augs`` (M, n, 3) int64, per position
+        the crop offsets (row, column) in ``0 .. 2 * padding`` and the flip coin (0/1).
+    """
+    keys = torch.tensor([streams(s)[1] for s in seeds], dtype=torch.int64, device=device)
+    m = len(seeds)
+    ar = torch.arange(n, dtype=torch.int64, device=device)
+    perms = (_counter_hash(keys, epoch, ar) * n + ar).argsort(dim=1)
+    augs = torch.zeros(m, n, 3, dtype=torch.int64, device=device)
+    if padding or flip:
+        h = _counter_hash(keys, epoch, n + torch.arange(3 * n, dtype=torch.int64, device=device))
+        h = h.view(m, n, 3)
+        if padding:
+            augs[..., :2] = (h[..., :2] * (2 * padding + 1)) >> 32
+        if flip:
+            augs[..., 2] = h[..., 2] >> 31
+    return perms, augs
 
 
 def pad_images(x: torch.Tensor, padding: int, fill: float | Sequence[float] = 0.0) -> torch.Tensor:
@@ -454,10 +518,6 @@ def sgd_step(
     return new_p, new_b
 
 
-def _generators(seeds: Sequence[int]) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(streams(s)[1]) for s in seeds]
-
-
 def loss_and_grads(
     params: Params,
     x: torch.Tensor,
@@ -529,14 +589,11 @@ def minibatches(
     dev = x.device
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
-    gens = _generators(seeds)
     cut = _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
     step = 0
     for epoch in range(recipe.epochs if epochs is None else epochs):
         lr = recipe.lr_at(epoch)
-        plans = [epoch_plan(g, n, recipe.crop_padding, recipe.flip) for g in gens]
-        perms = torch.stack([p for p, _ in plans]).to(dev)
-        augs = torch.stack([a for _, a in plans]).to(dev)
+        perms, augs = epoch_plans(seeds, epoch, n, recipe.crop_padding, recipe.flip, dev)
         for start in range(0, n, recipe.batch_size):
             idx = perms[:, start : start + recipe.batch_size]
             xb = cut(xpad, idx, augs[:, start : start + recipe.batch_size], size)
@@ -622,15 +679,14 @@ def train_plain(
         weight_decay=recipe.weight_decay,
         nesterov=recipe.nesterov,
     )
-    gen = _generators([seed])[0]
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
     step = 0
     for epoch in range(recipe.epochs if epochs is None else epochs):
         for group in opt.param_groups:
             group["lr"] = recipe.lr_at(epoch)
-        perm, aug = epoch_plan(gen, n, recipe.crop_padding, recipe.flip)
-        perm, aug = perm.to(x.device), aug.to(x.device)
+        perms, augs = epoch_plans([seed], epoch, n, recipe.crop_padding, recipe.flip, x.device)
+        perm, aug = perms[0], augs[0]
         for start in range(0, n, recipe.batch_size):
             idx = perm[start : start + recipe.batch_size]
             xb = crop(xpad, idx, aug[start : start + recipe.batch_size], size)
