@@ -39,6 +39,7 @@ autograd and whole runs against :func:`train_plain`, in float64.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -496,6 +497,68 @@ def _optunet_loss_grads(
 STACKED_GRADS = {"optunet": _optunet_loss_grads}
 
 
+@contextlib.contextmanager
+def _fp32_precision(tf32: bool):
+    """Full FP32 products and convolutions on CUDA (PyTorch lets cuDNN use TF32 by default), or TF32 where
+    ``tf32`` is set; restores the previous settings. A no-op without CUDA."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _optunet_loss_grads_conv(
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    feat_mask: torch.Tensor | None = None,
+    tf32: bool = False,
+) -> tuple[torch.Tensor, Params]:
+    r""":func:`_optunet_loss_grads` as grouped convolutions with the models as groups (the CUDA path).
+
+    The ``M`` models' batches are the channels of one batch of ``B`` images, ``(B, M, 28, 28)``: conv 1 is
+    one convolution with ``M`` groups (1 -> 2 channels), conv 2 one with ``2M`` groups (1 -> 5), so cuDNN
+    runs every model in a handful of kernels; the gradient comes from autograd through these operators
+    (the same function as OptuNet, max-pool ties included). Full FP32 unless ``tf32``.
+    """
+    w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
+    m, b = x.shape[0], x.shape[1]
+    leaves = [t.detach().requires_grad_(True) for t in (w1, w2, fw, fb)]
+    with torch.enable_grad(), _fp32_precision(tf32):
+        h = F.conv2d(x[:, :, 0].transpose(0, 1), leaves[0].reshape(m * 2, 1, 4, 4), groups=m)
+        h = F.max_pool2d(F.relu(h), 3)  # (B, 2M, 8, 8)
+        h = F.conv2d(h, leaves[1].reshape(m * 10, 1, 5, 5), groups=2 * m)  # (B, 10M, 4, 4)
+        feats = F.relu(h).mean((2, 3)).view(b, m, 10).transpose(0, 1)  # (M, B, 10)
+        if feat_mask is not None:
+            feats = feats * feat_mask.transpose(1, 2)
+        logits = torch.baddbmm(leaves[3][:, None, :], feats, leaves[2].transpose(1, 2))  # (M, B, 10)
+        loss = F.cross_entropy(logits.reshape(m * b, 10), y.reshape(-1), reduction="none").view(m, b).mean(1)
+        grads = torch.autograd.grad(loss.sum(), leaves)
+    return loss.detach(), dict(zip(OPTUNET_SHAPES, grads, strict=True))
+
+
+# Implementations of the stacked step: "matmul" (hand-written, the CPU default) and "conv" (grouped
+# convolutions + autograd, the CUDA default).
+STACKED_IMPLS = {"matmul": STACKED_GRADS, "conv": {"optunet": _optunet_loss_grads_conv}}
+
+
+def _stacked_grads(arch: str, impl: str | None, device: torch.device) -> Callable:
+    """The loss-and-gradient function of ``arch`` for ``impl`` (``None`` / ``"auto"``: ``"conv"`` on CUDA,
+    ``"matmul"`` elsewhere)."""
+    if impl in (None, "auto"):
+        impl = "conv" if device.type == "cuda" else "matmul"
+    if impl not in STACKED_IMPLS:
+        raise ValueError(f"impl must be one of {sorted(STACKED_IMPLS)} or 'auto', got {impl!r}")
+    if arch not in STACKED_IMPLS[impl]:
+        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    return STACKED_IMPLS[impl][arch]
+
+
 def sgd_step(
     params: Params, grads: Params, bufs: Params | None, lr: float, recipe: Recipe
 ) -> tuple[Params, Params]:
@@ -524,6 +587,7 @@ def loss_and_grads(
     y: torch.Tensor,
     arch: str = "optunet",
     feat_mask: torch.Tensor | None = None,
+    impl: str | None = None,
 ) -> tuple[torch.Tensor, Params]:
     """Mean cross-entropy of ``M`` stacked models, each on its own batch, and its gradient.
 
@@ -533,15 +597,16 @@ def loss_and_grads(
         arch: a key of :data:`STACKED_GRADS`.
         feat_mask: optional dropout multiplier of the features before the last layer (see
             :func:`_optunet_loss_grads`).
+        impl: ``"matmul"`` (hand-written products), ``"conv"`` (grouped convolutions) or ``None``: the
+            device's default (``"conv"`` on CUDA).
 
     Returns:
         ``(loss (M,), grads)`` with ``grads`` shaped like ``params``.
     """
-    if arch not in STACKED_GRADS:
-        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    fn = _stacked_grads(arch, impl, x.device)
     if feat_mask is None:
-        return STACKED_GRADS[arch](params, x, y)
-    return STACKED_GRADS[arch](params, x, y, feat_mask=feat_mask)
+        return fn(params, x, y)
+    return fn(params, x, y, feat_mask=feat_mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,6 +666,35 @@ def minibatches(
             step += 1
 
 
+class _FlatSGD:
+    """:func:`sgd_step` on one flat ``(M, P)`` buffer: a step is a handful of operations on all the
+    parameters at once, whatever their number; :meth:`params` are views of a fresh buffer every step
+    (never modified afterwards, as :func:`sgd_step` gives new tensors)."""
+
+    def __init__(self, params: Params, recipe: Recipe):
+        self.names = list(params)
+        self.shapes = [params[k].shape for k in self.names]
+        self.m = self.shapes[0][0]
+        self.flat = torch.cat([params[k].reshape(self.m, -1) for k in self.names], 1)
+        self.sizes = [math.prod(s[1:]) for s in self.shapes]
+        self.recipe, self.buf = recipe, None
+
+    def params(self) -> Params:
+        parts = self.flat.split(self.sizes, 1)
+        return {k: p.view(s) for k, p, s in zip(self.names, parts, self.shapes, strict=True)}
+
+    def step(self, grads: Params, lr: float) -> Params:
+        r = self.recipe
+        d = torch.cat([grads[k].reshape(self.m, -1) for k in self.names], 1)
+        if r.weight_decay:
+            d.add_(self.flat, alpha=r.weight_decay)
+        if r.momentum:
+            self.buf = d.clone() if self.buf is None else self.buf.mul_(r.momentum).add_(d)
+            d = d.add_(self.buf, alpha=r.momentum) if r.nesterov else self.buf
+        self.flat = self.flat.add(d, alpha=-lr)
+        return self.params()
+
+
 def train_stacked(
     params: Params,
     seeds: Sequence[int],
@@ -613,6 +707,8 @@ def train_stacked(
     max_steps: int | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_step: Callable[[int, Params], None] | None = None,
+    impl: str | None = None,
+    tf32: bool = False,
 ) -> Params:
     """Train ``M = len(seeds)`` models at once, each on its own mini-batches and crops.
 
@@ -628,22 +724,26 @@ def train_stacked(
         on_epoch: called with the epoch index after every epoch (progress bars).
         on_step: called after every step with the global step index and the updated stacked
             parameters (do not modify them; cheap per-step statistics such as permutation tracking).
+        impl: the step's implementation, ``"matmul"`` or ``"conv"`` (default: ``"conv"`` on CUDA,
+            ``"matmul"`` elsewhere; both compute the same gradient).
+        tf32: let the CUDA path use TF32 products (faster, about 3 decimal digits); default full FP32.
 
     Returns:
         The trained stacked parameters.
     """
-    if arch not in STACKED_GRADS:
-        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    fn = _stacked_grads(arch, impl, x.device)
+    if tf32:
+        fn = functools.partial(fn, tf32=True)
     m = len(seeds)
     if any(p.shape[0] != m for p in params.values()):
         raise ValueError(
             f"params must be stacked for {m} models; got shapes {[tuple(p.shape) for p in params.values()]}"
         )
-    theta = {k: v.detach().to(x.device).clone() for k, v in params.items()}
-    bufs = None
+    opt = _FlatSGD({k: v.detach().to(x.device) for k, v in params.items()}, recipe)
+    theta = opt.params()
     for batch in minibatches(seeds, x, y, recipe, fill, epochs):
-        _, grads = loss_and_grads(theta, batch.x, batch.y, arch)
-        theta, bufs = sgd_step(theta, grads, bufs, batch.lr, recipe)
+        _, grads = fn(theta, batch.x, batch.y)
+        theta = opt.step(grads, batch.lr)
         if on_step is not None:
             on_step(batch.step, theta)
         if max_steps is not None and batch.step + 1 >= max_steps:

@@ -312,3 +312,55 @@ def test_epoch_plans_same_on_cuda():
     p, a = T.epoch_plans(range(8), 2, 1000, 4, True)
     pc, ac = T.epoch_plans(range(8), 2, 1000, 4, True, device="cuda")
     assert torch.equal(p, pc.cpu()) and torch.equal(a, ac.cpu())
+
+
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 3), b=st.integers(1, 4), seed=st.integers(0, 2**31), flat=st.booleans())
+def test_conv_path_equals_matmul_path(m, b, seed, flat):
+    """The grouped-convolution step (the CUDA default) gives the hand-written step's loss and gradient
+    (float64 on CPU), with and without a dropout mask, also on images with max-pool ties."""
+    theta = _double_stack(list(range(seed, seed + m)))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    if flat:
+        x = x[..., ::7, ::7].repeat_interleave(7, -2).repeat_interleave(7, -1)
+    y = torch.randint(0, 10, (m, b), generator=g)
+    mask = (torch.rand(m, 10, b, generator=g) > 0.3).double() / 0.7
+    for fm in (None, mask):
+        lm, gm = T.loss_and_grads(theta, x, y, feat_mask=fm, impl="matmul")
+        lc, gc = T.loss_and_grads(theta, x, y, feat_mask=fm, impl="conv")
+        torch.testing.assert_close(lc, lm, rtol=1e-12, atol=1e-12)
+        for k in gm:
+            torch.testing.assert_close(gc[k], gm[k], rtol=1e-10, atol=1e-12)
+
+
+def test_train_stacked_conv_path_equals_matmul_path():
+    """Whole runs (momentum, weight decay, crops) agree between the two step implementations (float64),
+    and a wrong impl is refused with the valid names."""
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=16, momentum=0.9, nesterov=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 1, 28, 28, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (40,), generator=g)
+    seeds = [3, 8]
+    a = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, fill=-0.4, epochs=2, impl="matmul")
+    b = T.train_stacked(
+        _double_stack(seeds), seeds, x, y, recipe, fill=-0.4, epochs=2, impl="conv", tf32=True
+    )
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)
+    with pytest.raises(ValueError, match="matmul"):
+        T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, impl="fast")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_zoo_equals_cpu_zoo():
+    """Same seeds -> the same models on CUDA (default path: grouped convolutions, FP32) as on CPU, within
+    float32 tolerance after a few steps."""
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=32)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(256, 1, 28, 28, generator=g), torch.randint(0, 10, (256,), generator=g)
+    seeds = list(range(6))
+    cpu = T.train_stacked(T.init_params(models.OptuNet, seeds), seeds, x, y, recipe, epochs=1)
+    gpu = T.train_stacked(T.init_params(models.OptuNet, seeds), seeds, x.cuda(), y.cuda(), recipe, epochs=1)
+    for k in cpu:
+        torch.testing.assert_close(gpu[k].cpu(), cpu[k], rtol=1e-3, atol=1e-4)
