@@ -651,18 +651,26 @@ def minibatches(
     Yields:
         :class:`Batch` for every step.
     """
-    dev = x.device
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
-    cut = _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
+    cut = _cutter(x, recipe)
+    for epoch, step, lr, last, idx, aug in _steps(seeds, n, recipe, epochs, x.device):
+        yield Batch(epoch, step, lr, last, cut(xpad, idx, aug, size), y[idx])
+
+
+def _cutter(x: torch.Tensor, recipe: Recipe) -> Callable:
+    return _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
+
+
+def _steps(seeds: Sequence[int], n: int, recipe: Recipe, epochs: int | None, device: torch.device):
+    """``(epoch, step, lr, last_in_epoch, idx (M, B), aug (M, B, 3))`` per step of :func:`minibatches`."""
     step = 0
     for epoch in range(recipe.epochs if epochs is None else epochs):
         lr = recipe.lr_at(epoch)
-        perms, augs = epoch_plans(seeds, epoch, n, recipe.crop_padding, recipe.flip, dev)
+        perms, augs = epoch_plans(seeds, epoch, n, recipe.crop_padding, recipe.flip, device)
         for start in range(0, n, recipe.batch_size):
-            idx = perms[:, start : start + recipe.batch_size]
-            xb = cut(xpad, idx, augs[:, start : start + recipe.batch_size], size)
-            yield Batch(epoch, step, lr, start + recipe.batch_size >= n, xb, y[idx])
+            stop = start + recipe.batch_size
+            yield epoch, step, lr, stop >= n, perms[:, start:stop], augs[:, start:stop]
             step += 1
 
 
@@ -683,9 +691,11 @@ class _FlatSGD:
         parts = self.flat.split(self.sizes, 1)
         return {k: p.view(s) for k, p, s in zip(self.names, parts, self.shapes, strict=True)}
 
-    def step(self, grads: Params, lr: float) -> Params:
+    def step(self, grads: Sequence[Params], lr: float) -> Params:
+        """One step from the gradients of consecutive groups of models (together all ``M``)."""
         r = self.recipe
-        d = torch.cat([grads[k].reshape(self.m, -1) for k in self.names], 1)
+        rows = [torch.cat([g[k].reshape(g[k].shape[0], -1) for k in self.names], 1) for g in grads]
+        d = rows[0] if len(rows) == 1 else torch.cat(rows, 0)  # (M, P)
         if r.weight_decay:
             d.add_(self.flat, alpha=r.weight_decay)
         if r.momentum:
@@ -709,6 +719,7 @@ def train_stacked(
     on_step: Callable[[int, Params], None] | None = None,
     impl: str | None = None,
     tf32: bool = False,
+    workers: int | None = None,
 ) -> Params:
     """Train ``M = len(seeds)`` models at once, each on its own mini-batches and crops.
 
@@ -727,6 +738,9 @@ def train_stacked(
         impl: the step's implementation, ``"matmul"`` or ``"conv"`` (default: ``"conv"`` on CUDA,
             ``"matmul"`` elsewhere; both compute the same gradient).
         tf32: let the CUDA path use TF32 products (faster, about 3 decimal digits); default full FP32.
+        workers: on CPU, split the models into this many groups computed side by side by as many
+            threads, one intra-op thread each (default: ``torch.get_num_threads()``; 1 on CUDA). The
+            models are independent, so the result does not depend on it.
 
     Returns:
         The trained stacked parameters.
@@ -741,16 +755,50 @@ def train_stacked(
         )
     opt = _FlatSGD({k: v.detach().to(x.device) for k, v in params.items()}, recipe)
     theta = opt.params()
-    for batch in minibatches(seeds, x, y, recipe, fill, epochs):
-        _, grads = fn(theta, batch.x, batch.y)
-        theta = opt.step(grads, batch.lr)
-        if on_step is not None:
-            on_step(batch.step, theta)
-        if max_steps is not None and batch.step + 1 >= max_steps:
-            return theta
-        if batch.last_in_epoch and on_epoch is not None:
-            on_epoch(batch.epoch)
+    n, size = x.shape[0], x.shape[-1]
+    xpad = pad_images(x, recipe.crop_padding, fill)
+    cut = _cutter(x, recipe)
+    if workers is None:
+        workers = torch.get_num_threads() if x.device.type == "cpu" else 1
+    bounds = [m * i // max(1, min(workers, m)) for i in range(max(1, min(workers, m)) + 1)]
+    groups = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def work(sl: slice, th: Params, idx: torch.Tensor, aug: torch.Tensor) -> Params:
+        return fn({k: v[sl] for k, v in th.items()}, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]
+
+    with _model_threads(len(groups)) as pool:
+        for epoch, step, lr, last, idx, aug in _steps(seeds, n, recipe, epochs, x.device):
+            if pool is None:
+                grads = [work(groups[0], theta, idx, aug)]
+            else:
+                grads = list(pool.map(lambda sl, th=theta, i=idx, a=aug: work(sl, th, i, a), groups))
+            theta = opt.step(grads, lr)
+            if on_step is not None:
+                on_step(step, theta)
+            if max_steps is not None and step + 1 >= max_steps:
+                return theta
+            if last and on_epoch is not None:
+                on_epoch(epoch)
     return theta
+
+
+@contextlib.contextmanager
+def _model_threads(k: int):
+    """``k`` worker threads with one intra-op thread each (``None`` for ``k = 1``): the models of a step are
+    split into ``k`` groups computed side by side. Each PyTorch operator releases the GIL, and one thread
+    per group avoids the intra-op synchronisation that dominates tiny operators on a busy CPU."""
+    if k <= 1:
+        yield None
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(before)
 
 
 def train_plain(

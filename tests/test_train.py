@@ -364,3 +364,20 @@ def test_cuda_zoo_equals_cpu_zoo():
     gpu = T.train_stacked(T.init_params(models.OptuNet, seeds), seeds, x.cuda(), y.cuda(), recipe, epochs=1)
     for k in cpu:
         torch.testing.assert_close(gpu[k].cpu(), cpu[k], rtol=1e-3, atol=1e-4)
+
+
+def test_worker_groups_do_not_change_the_result():
+    """Splitting the models into groups computed by parallel threads gives the same run as one group
+    (the models are independent), with the on_step hook seeing all models every step."""
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=16, momentum=0.9)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 1, 28, 28, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (40,), generator=g)
+    seeds = [1, 2, 3, 4, 5]
+    seen = []
+    one = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=1)
+    three = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=3,
+                            on_step=lambda s, th: seen.append(th["fc.bias"].shape[0]))
+    assert seen == [5] * 6
+    for k in one:
+        torch.testing.assert_close(three[k], one[k], rtol=1e-12, atol=1e-14)
