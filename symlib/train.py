@@ -477,7 +477,9 @@ def _optunet_loss_grads(
     du = (d_feats.view(m * 2, 5, 1, b) / 16).expand(m * 2, 5, 16, b).reshape(m * 2, 80, b)
     du = torch.ops.aten.threshold_backward(du, u, 0)  # ReLU: pass where u > 0
     g_t2 = torch.bmm(a, du.transpose(1, 2))  # (M*2, 64, 80)
-    g_w2 = _place_grad(g_t2.view(m * 2, 64, 5, 16).transpose(1, 2).reshape(m * 10, 1024), i2, 25)
+    # summed back onto the kernel: entry (o, ki, kj) collects g_t2[(p + ki, q + kj), (o, p, q)] over (p, q),
+    # a strided view (offset 640 ki + 80 kj + 16 o + 644 p + 81 q) summed over its last two axes
+    g_w2 = g_t2.as_strided((m * 2, 5, 5, 5, 4, 4), (5120, 16, 640, 80, 644, 81)).sum((4, 5))
     da = torch.ops.aten.threshold_backward(torch.bmm(t2, du), pooled_t, 0)  # (M*2, 64, B)
     da = da.view(m, 2, 4, 2, 8, b).transpose(1, 2).reshape(m * 8, 2, 8, b).permute(0, 3, 1, 2)
     dz = torch.ops.aten.max_pool2d_with_indices_backward(da, z, [3, 3], [3, 3], [0, 0], [1, 1], False, where)
