@@ -26,15 +26,21 @@ mini-batch, with a few batched matrix products:
 
 The structured matrices are built from the weights by a constant index pattern (exact, :func:`_place`).
 
-**Training** (:func:`train_stacked`) does not go through autograd: :func:`_optunet_loss_grads`
+**Training** (:func:`train_stacked`) does not go through autograd on CPU: :func:`_optunet_loss_grads`
 computes the loss and its gradient by a hand-written backward pass (softmax, products,
 ReLU masks, the max-pool's recorded maxima), in a layout that keeps the images of a
 mini-batch innermost (``(model, feature, ..., image)``), so that every elementwise op, the
 pooling (PyTorch's channels-last kernel, with the images as channels) and the products run
-over contiguous runs of ``B`` values; the crops are one ``index_select`` of image rows
-(:func:`_crop_segments`). The optimiser (:func:`sgd_step`) reproduces ``torch.optim.SGD``
-on stacked tensors (weight decay, momentum, Nesterov). Tests check the gradient against
-autograd and whole runs against :func:`train_plain`, in float64.
+over contiguous runs of ``B`` values. Conv 1 there is one product of its shared ``(12, 36)``
+diagonal block with four overlapping slices of the column matrix (2.25x the useful
+multiply-adds, not the 7x of the full Toeplitz matrix). The crops are one ``index_select`` of
+image rows (:func:`_crop_segments`). On CPU the models of a step are split into groups computed
+side by side by worker threads with one intra-op thread each. On CUDA the step is a few grouped
+convolutions with the models as groups, differentiated by autograd (``impl="conv"``, full FP32
+unless ``tf32=True``). The optimiser reproduces ``torch.optim.SGD`` (:func:`sgd_step`; weight
+decay, momentum, Nesterov) on one flat parameter buffer. Tests check the gradient against
+autograd, the two implementations against each other and whole runs against :func:`train_plain`,
+in float64.
 """
 
 from __future__ import annotations
