@@ -109,6 +109,24 @@ def test_optunet_fast_ggn_equals_laplace_torch():
     assert torch.linalg.eigvalsh(h).min() > -1e-10  # a GGN is positive semi-definite
 
 
+def test_optunet_fast_exact_hessian_equals_laplace_torch_and_torch_func():
+    """hessian="full" on OptuNet: the hand-written Hessian (GGN + residual, whose only non-zero second
+    derivatives of the features are the conv-1 x conv-2 cross terms) equals laplace-torch's Hessian
+    backend (float32-identity tolerance) and torch.func.hessian (to rounding)."""
+    net = T.init_model(models.OptuNet, 11).double()
+    g = torch.Generator().manual_seed(2)
+    x, y = (
+        torch.randn(3, 1, 28, 28, generator=g, dtype=torch.float64),
+        torch.randint(0, 10, (3,), generator=g),
+    )
+    fast, _ = L.full_curvature(models.OptuNet, _stack(net), x, y, arch="optunet", hessian="full")
+    la = Laplace(net, "classification", "all", "full", backend=CurvlinopsHessian)
+    la.fit(_loader(x, y, 3))
+    torch.testing.assert_close(fast[0], la.H, rtol=1e-6, atol=1e-6)
+    slow, _ = L.full_curvature(models.OptuNet, _stack(net), x, y, arch="", hessian="full")
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+
+
 def test_optunet_fast_ggn_equals_torch_func():
     """Same matrix as the generic path (vmap of jacrev over functional_call), to rounding."""
     net = T.init_model(models.OptuNet, 7).double()

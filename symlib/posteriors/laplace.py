@@ -19,9 +19,10 @@ Two structures, as in the paper (App. B.2-B.3; NOTES "Methods of Table 1"):
   hessian_structure="full")`` computes (its backends return the GGN for that call: the paper's "full
   Hessian" is most likely this full GGN, our default). ``hessian="full"`` gives the exact Hessian of the
   summed cross-entropy instead (:func:`full_curvature`); it is indefinite away from an exact minimum, so
-  it can fail where the GGN cannot. For OptuNet the GGN is assembled from per-example feature
-  Jacobians written by hand (:func:`_optunet_ggn_chunk`, exact, float64, batched over the modes): seconds
-  for 10 modes on 4,000 digits. Other small networks use ``torch.func`` (``vmap`` of ``jacrev``).
+  it can fail where the GGN cannot. For OptuNet both are assembled from per-example feature Jacobians
+  (and, for the Hessian, the features' only non-vanishing second derivatives) written by hand
+  (:func:`_optunet_ggn_chunk`, exact, float64, batched over the modes): seconds for 10 modes on 4,000
+  digits. Other small networks use ``torch.func`` (``vmap`` of ``jacrev``, or ``hessian``).
 * ``structure="kron"`` (ResNet-18): last-layer KFAC (Ritter et al. 2018), laplace-torch's
   ``subset_of_weights="last_layer", hessian_structure="kron"``: the network in eval mode is a fixed
   feature map :math:`a_n`, and the last layer's GGN is approximated by Kronecker factors
@@ -144,8 +145,8 @@ def _one_thread():
 
 @torch.no_grad()
 def _optunet_feature_jacobian(
-    theta: Params, x: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    theta: Params, x: torch.Tensor, second: bool = False
+) -> tuple[torch.Tensor, ...]:
     r"""Features of ``M`` stacked OptuNets on shared images and their exact per-example Jacobians.
 
     OptuNet's feature :math:`f_j`, :math:`j = 5c + o`, depends only on conv 1's channel :math:`c`
@@ -165,8 +166,13 @@ def _optunet_feature_jacobian(
         theta: stacked OptuNet parameters ``(M, ...)``.
         x: images ``(B, 1, 28, 28)``, shared by the models.
 
+    With ``second=True`` it also returns the only second derivatives of the features that are not zero
+    almost everywhere (OptuNet is piecewise linear in each layer's weights), the cross terms
+    :math:`\partial^2 f_j / \partial w^{(2)}_{j,k} \partial w^{(1)}_c = \tfrac1{16} \sum_{pq}
+    1[u_{j,pq} > 0]\, 1[a_{c,(pq)+k} > 0]\, X_{\arg\max((pq)+k)}`, as ``d2 (M, 10, B, 16, 25)``.
+
     Returns:
-        ``(f (M, B, 10), jf (M, 10, B, 41), logits (M, B, 10))``; ``jf[:, j, :, :16]`` is
+        ``(f (M, B, 10), jf (M, 10, B, 41), logits (M, B, 10)[, d2])``; ``jf[:, j, :, :16]`` is
         :math:`\partial f_j / \partial w^{(1)}_{c}`, ``jf[:, j, :, 16:]`` :math:`\partial f_j / \partial
         w^{(2)}_j`.
     """
@@ -190,13 +196,18 @@ def _optunet_feature_jacobian(
     t2 = F.pad(w2g, (0, 1))[..., _conv2_index(str(x.device))]  # (m c, o, pq, rs): d u_pq / d a_rs
     dfa = torch.bmm(mask_t.reshape(m * 10, b, 16), t2.reshape(m * 10, 16, 64)).view(m * 2, 5, b, 64)
     dfa = dfa * (zmax > 0).to(x.dtype).view(m * 2, 1, b, 64)
-    # sum over windows of dfa times the patch under each window's maximum, one window entry e at a time
-    hit = arg.view(m * 2, 1, b, 64, 1) == torch.arange(9, device=x.device)  # (m c, 1, b, 64, 9)
-    dfe = torch.where(hit, dfa[..., None], 0.0).view(m * 10, b, 576).transpose(0, 1)  # (b, m c o, 576)
-    jw1 = torch.bmm(dfe, x1.reshape(b, 576, 16)).view(b, m * 10, 16).transpose(0, 1).reshape(m * 2, 5, b, 16)
+    # sum over windows of dfa times the conv-1 patch under each window's maximum
+    rows = arg + torch.arange(b, device=x.device).view(b, 1) * 576 + torch.arange(0, 576, 9, device=x.device)
+    xsel = x1.reshape(b * 576, 16).index_select(0, rows.reshape(-1)).view(m * 2 * b, 64, 16)
+    jw1 = torch.bmm(dfa.transpose(1, 2).reshape(m * 2 * b, 5, 64), xsel).view(m * 2, b, 5, 16).transpose(1, 2)
     jf = torch.cat([jw1, jw2], -1).view(m, 10, b, 41)
     logits = torch.baddbmm(fb[:, None, :], f, fw.transpose(1, 2))
-    return f, jf, logits
+    if not second:
+        return f, jf, logits
+    gate = xsel.view(m * 2, b, 8, 8, 16) * (zmax > 0).to(x.dtype).view(m * 2, b, 8, 8, 1)
+    gp = gate.unfold(2, 5, 1).unfold(3, 5, 1).reshape(m * 2 * b, 16, 400)  # (pq, (w1 entry, w2 entry))
+    d2 = torch.bmm(mask.transpose(2, 3).reshape(m * 2 * b, 5, 16), gp).view(m * 2, b, 5, 16, 25)
+    return f, jf, logits, d2.transpose(1, 2).reshape(m, 10, b, 16, 25)
 
 
 _CONV2_INDEX: dict[str, torch.Tensor] = {}
@@ -228,7 +239,7 @@ def _optunet_compact_map(device: torch.device) -> torch.Tensor:
 
 
 def _optunet_ggn_chunk(
-    theta: Params, x: torch.Tensor, y: torch.Tensor
+    theta: Params, x: torch.Tensor, y: torch.Tensor, hessian: str = "ggn"
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     r"""GGN of ``M`` stacked OptuNets on one chunk of images, in compact coordinates, and the summed loss.
 
@@ -239,12 +250,17 @@ def _optunet_ggn_chunk(
     :math:`\sum_n \Lambda_n \otimes \bar f_n \bar f_n^\top` (last layer, :math:`\bar f = (f, 1)`), each
     one batched product over the chunk.
 
+    ``hessian="full"`` adds the exact Hessian's remaining term :math:`\sum_n \sum_k r_{nk} \nabla^2
+    \ell_{nk}` (:math:`r_n = p_n - e_{y_n}`): :math:`\partial^2 \ell_k / \partial W_{kj} \partial
+    \theta_{conv} = \partial f_j / \partial \theta_{conv}` and :math:`\sum_j (W^\top r_n)_j\,
+    \partial^2 f_j / \partial w^{(1)} \partial w^{(2)}` (the other second derivatives vanish a.e.).
+
     Returns:
         ``([cc (M, 410, 410), cf (M, 410, 110), ff (M, 110, 110), dd (M, 10, 11, 11)], loss (M,))``: the
         last-layer block is ``blockdiag(dd) - ff``; :func:`_assemble_optunet` maps them to OptuNet's
         coordinates.
     """
-    f, jf, logits = _optunet_feature_jacobian(theta, x)
+    f, jf, logits, *d2 = _optunet_feature_jacobian(theta, x, second=hessian == "full")
     m, b = f.shape[:2]
     fw = theta["fc.weight"]
     logp = torch.log_softmax(logits, -1)
@@ -265,6 +281,16 @@ def _optunet_ggn_chunk(
     pf = (p[..., None] * fbar[:, :, None, :]).view(m, b, 110)
     ff = torch.bmm(pf.transpose(1, 2), pf)
     dd = torch.bmm(pf.transpose(1, 2), fbar).view(m, 10, 11, 11)
+    if hessian == "full":
+        r = p.scatter_add(2, y.expand(m, b)[..., None], -torch.ones_like(p[..., :1]))  # p - e_y
+        u = torch.bmm(r, fw)  # (m, b, 10 features)
+        rw = torch.einsum("mjbfk,mbj->mjfk", d2[0], u)  # (m, j, w1 entry, w2 entry)
+        jj = torch.arange(10, device=x.device)
+        cc5 = cc.view(m, 10, 41, 10, 41)
+        cc5[:, jj, :16, jj, 16:] += rw.transpose(0, 1)
+        cc5[:, jj, 16:, jj, :16] += rw.transpose(0, 1).transpose(2, 3)
+        e = torch.bmm(jf_t, r[:, None].expand(m, 10, b, 10).reshape(m * 10, b, 10)).view(m, 10, 41, 10)
+        cf.view(m, 10, 41, 10, 11)[:, jj, :, :, jj] += e.transpose(0, 1)
     return [cc, cf, ff, dd], loss
 
 
@@ -323,9 +349,9 @@ def full_curvature(
         make_model: builds the architecture.
         base: stacked state dicts ``(M, ...)``.
         x, y: training images and labels (all of them: the GGN is a sum over the training set).
-        arch: ``"optunet"`` selects the hand-written batched GGN; anything else ``torch.func``.
-        hessian: ``"ggn"`` or ``"full"`` (exact Hessian by ``torch.func.hessian``, slow: tests and small
-            networks).
+        arch: ``"optunet"`` selects the hand-written batched curvature; anything else ``torch.func``
+            (per mode and image: small networks).
+        hessian: ``"ggn"`` or ``"full"`` (the exact Hessian).
         chunk_size: images per chunk.
         progress: progress bar over chunks.
 
@@ -338,13 +364,15 @@ def full_curvature(
     n = x.shape[0]
     dev = x.device
     bar = _progress.bar(total=n, desc=f"laplace {hessian} curvature", enabled=progress)
-    if arch == "optunet" and hessian == "ggn":
+    if arch == "optunet":
         theta = {k: base[k].to(dev, torch.float64) for k in _train.OPTUNET_SHAPES}
         acc: list[torch.Tensor] | None = None
         loss = torch.zeros(m, dtype=torch.float64, device=dev)
         step = max(1, chunk_size // m)
         for s in range(0, n, step):
-            blocks, li = _optunet_ggn_chunk(theta, x[s : s + step].to(torch.float64), y[s : s + step])
+            blocks, li = _optunet_ggn_chunk(
+                theta, x[s : s + step].to(torch.float64), y[s : s + step], hessian
+            )
             acc = blocks if acc is None else [u.add_(v) for u, v in zip(acc, blocks, strict=True)]
             loss += li
             bar.update(min(step, n - s))
