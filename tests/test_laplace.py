@@ -25,6 +25,13 @@ LAM = 0.7
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matrices: one thread (multithreaded LAPACK crawls on an oversubscribed CPU)."""
+    with L._one_thread():
+        yield
+
+
 def _mlp():
     return models.MLP([4, 6, 3]).double()
 
@@ -94,12 +101,12 @@ def test_optunet_fast_ggn_equals_laplace_torch():
     nets = [T.init_model(models.OptuNet, s).double() for s in (3, 4)]
     g = torch.Generator().manual_seed(0)
     x, y = (
-        torch.randn(9, 1, 28, 28, generator=g, dtype=torch.float64),
-        torch.randint(0, 10, (9,), generator=g),
+        torch.randn(4, 1, 28, 28, generator=g, dtype=torch.float64),
+        torch.randint(0, 10, (4,), generator=g),
     )
-    h, loss = L.full_curvature(models.OptuNet, _stack(*nets), x, y, arch="optunet", chunk_size=8)
+    h, loss = L.full_curvature(models.OptuNet, _stack(*nets), x, y, arch="optunet", chunk_size=6)
     la = Laplace(nets[1], "classification", "all", "full", prior_precision=LAM)
-    la.fit(_loader(x, y, 5))
+    la.fit(_loader(x, y, 4))
     assert h.shape == (2, 392, 392)
     torch.testing.assert_close(h[1], la.H, rtol=1e-6, atol=1e-6)
     assert float(loss[1]) == pytest.approx(float(la.loss), rel=1e-12)
@@ -194,12 +201,12 @@ def test_kfac_factors_of_resnet18_equal_laplace_torch():
     net = models.randomize_batchnorm(models.ResNet18(num_classes=100, width=4)).double().eval()
     g = torch.Generator().manual_seed(4)
     x, y = (
-        torch.randn(12, 3, 32, 32, generator=g, dtype=torch.float64),
-        torch.randint(0, 100, (12,), generator=g),
+        torch.randn(4, 3, 32, 32, generator=g, dtype=torch.float64),
+        torch.randint(0, 100, (4,), generator=g),
     )
     la = Laplace(net, "classification", "last_layer", "kron", prior_precision=LAM)
-    la.fit(_loader(x, y, 6))
-    fac = L.kron_factors(lambda: models.ResNet18(num_classes=100, width=4), _stack(net), x, y, chunk_size=5)[
+    la.fit(_loader(x, y, 2))
+    fac = L.kron_factors(lambda: models.ResNet18(num_classes=100, width=4), _stack(net), x, y, chunk_size=3)[
         0
     ]
     (g_ref, a_ref), _ = la.H_facs.kfacs
