@@ -40,6 +40,11 @@ weight decay (:attr:`~symlib.posteriors.base.Setup.prior_precision`), the prior 
 finds the mode of. (laplace-torch's own default is :math:`\lambda = 1`.) ``tune="marglik"`` instead
 maximises the Laplace evidence over a scalar :math:`\lambda` per mode (:func:`tune_prior_precision`).
 
+The GGN is singular: the network's function does not change along its symmetries' orbits (OptuNet's
+positive rescalings across ReLU / max-pool, the softmax's shift of all logits), so those directions have
+zero curvature and posterior variance :math:`1 / \lambda`, the prior's: the prior alone sets how far
+the samples spread along the symmetries.
+
 **Samples.** :math:`\theta = \theta^* + L^{-\top} z` with :math:`P = L L^\top` (Cholesky) and
 :math:`z \sim \mathcal N(0, I)`, so :math:`\mathrm{Cov}\,\theta = P^{-1}`; KFAC samples in the
 eigenbasis, :math:`P^{-1/2} z`. Every sample is a full state dict.
@@ -693,7 +698,8 @@ def sample(
     Raises:
         ValueError: no or wrong base models, a non-positive prior precision, bad options.
         FloatingPointError: a non-finite curvature.
-        numpy.linalg.LinAlgError: a posterior precision that is not positive definite (``hessian="full"``).
+        torch.linalg.LinAlgError: a posterior precision that is not positive definite (``hessian="full"``
+            at SGD-trained OptuNets: the exact Hessian has eigenvalues near -2e3 there).
     """
     _scales.check_int("n_modes", n_modes, 1)
     _scales.check_int("n_per_mode", n_per_mode, 1)
