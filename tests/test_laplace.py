@@ -194,6 +194,17 @@ def test_kfac_is_exact_for_one_example(bias):
         torch.testing.assert_close(prec[order][:, order], exact, rtol=1e-12, atol=1e-12)
 
 
+def test_kfac_is_an_approximation_for_many_examples():
+    """Negative control of the test above: with 30 examples G (x) A differs from the exact block."""
+    torch.manual_seed(3)
+    net = _mlp()
+    x, y = _mlp_data(30, seed=3)
+    h, _ = L.full_curvature(_mlp, _stack(net), x, y)
+    post = L.KronPosterior(L.kron_factors(_mlp, _stack(net), x, y)[0], LAM)
+    kfac = post.precision()[:18, :18] - LAM * torch.eye(18, dtype=torch.float64)
+    assert (kfac - h[0, -21:-3, -21:-3]).abs().max() > 1e-2
+
+
 def test_kfac_factors_of_resnet18_equal_laplace_torch():
     """ResNet-18 (width 4, 100 classes, 32x32 images, BatchNorm in eval mode with non-trivial
     statistics): our last-layer factors equal laplace-torch's."""
@@ -258,8 +269,10 @@ def test_full_samples_have_the_posterior_covariance():
     assert (cov - torch.eye(cov.shape[0], dtype=torch.float64)).abs().max() < 0.05
 
 
-def test_kron_samples_have_the_kron_covariance():
-    """Last-layer KFAC draws: the whitened covariance of the head is I (same tolerance reasoning)."""
+@pytest.mark.parametrize("bias", ["separate", "augmented"])
+def test_kron_samples_have_the_kron_covariance(bias):
+    """Last-layer KFAC draws: the whitened covariance of the head is I (same tolerance reasoning); the
+    layers before the head are the base model's."""
     torch.manual_seed(7)
     net = _mlp()
     x, y = _mlp_data(seed=7)
@@ -273,9 +286,15 @@ def test_kron_samples_have_the_kron_covariance():
         progress=False,
         structure="kron",
         prior_precision=LAM,
+        bias=bias,
     )
-    post = L.KronPosterior(L.kron_factors(_mlp, base, x, y)[0], LAM)
-    flat = torch.cat([ss.params["2.weight"].reshape(20000, -1), ss.params["2.bias"]], 1)
+    assert ss.hyper["bias"] == bias
+    post = L.KronPosterior(L.kron_factors(_mlp, base, x, y, bias=bias)[0], LAM)
+    w_s, b_s = ss.params["2.weight"], ss.params["2.bias"]
+    if bias == "separate":
+        flat = torch.cat([w_s.reshape(20000, -1), b_s], 1)
+    else:  # vec([W | b])
+        flat = torch.cat([w_s, b_s[..., None]], 2).reshape(20000, -1)
     w = (flat - post.mean()) @ torch.linalg.cholesky(post.precision())
     cov = w.T @ w / 20000
     assert w.mean(0).abs().max() < 5 / math.sqrt(20000)
