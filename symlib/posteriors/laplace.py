@@ -322,7 +322,8 @@ def _flat_names(make_model: Callable[[], nn.Module]) -> list[tuple[str, tuple[in
     return [(k, tuple(v.shape)) for k, v in model.named_parameters()]
 
 
-def _func_loss_and_logits(model: nn.Module, state: Params, names, vec: torch.Tensor, xb: torch.Tensor):
+def _logits_at(model: nn.Module, state: Params, names, vec: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+    """Logits of ``model`` with the state ``state`` whose parameters are replaced by the flat ``vec``."""
     params, start = {}, 0
     for k, shape in names:
         n = math.prod(shape)
@@ -368,7 +369,7 @@ def full_curvature(
     m = next(iter(base.values())).shape[0]
     n = x.shape[0]
     dev = x.device
-    bar = _progress.bar(total=n, desc=f"laplace {hessian} curvature", enabled=progress)
+    bar = _progress.bar(total=n if arch == "optunet" else m * n, desc=f"laplace {hessian}", enabled=progress)
     if arch == "optunet":
         theta = {k: base[k].to(dev, torch.float64) for k in _train.OPTUNET_SHAPES}
         acc: list[torch.Tensor] | None = None
@@ -395,7 +396,7 @@ def full_curvature(
         vec = torch.cat([state[k].reshape(-1) for k, _ in names])
 
         def logits_of(v, xb, state=state):
-            return _func_loss_and_logits(model, state, names, v, xb)
+            return _logits_at(model, state, names, v, xb)
 
         for s in range(0, n, chunk_size):
             xb, yb = x[s : s + chunk_size].to(torch.float64), y[s : s + chunk_size]
@@ -412,8 +413,7 @@ def full_curvature(
                 h[i] += torch.func.hessian(
                     lambda v, xb=xb, yb=yb: F.cross_entropy(logits_of(v, xb), yb, reduction="sum")
                 )(vec)
-            if i == m - 1:
-                bar.update(min(chunk_size, n - s))
+            bar.update(min(chunk_size, n - s))
     bar.close()
     return h, loss
 
@@ -785,7 +785,8 @@ def sample(
             chunk_size=chunk_size or 256,
             progress=progress,
         )
-        model_name = last_layer_name(setup.make_model(), last_layer)
+        with torch.device("meta"):
+            model_name = last_layer_name(setup.make_model(), last_layer)
         for i, fac in enumerate(facs):
             post0 = KronPosterior(fac, 1.0)
             eigs = post0.curvature_eigenvalues()
