@@ -350,6 +350,14 @@ def test_marglik_tuning_finds_the_maximum():
     ss = L.sample(_setup("mlp", _mlp, x, y), 1, 2, base=_stack(net), progress=False, tune="marglik")
     assert ss.diagnostics["prior_precision"][0] == pytest.approx(lam, rel=1e-9)
     assert ss.hyper["prior_source"] == "marglik"
+    # last-layer KFAC: the same condition on the Kronecker eigenvalues (and the bias block's)
+    kr = L.sample(
+        _setup("mlp", _mlp, x, y), 1, 2, base=_stack(net), progress=False, tune="marglik", structure="kron"
+    )
+    post = L.KronPosterior(L.kron_factors(_mlp, _stack(net), x, y)[0], 1.0)
+    e, sq_ll = post.curvature_eigenvalues(), float(post.mean() @ post.mean())
+    lam_k = kr.diagnostics["prior_precision"][0]
+    assert float((e / (e + lam_k)).sum()) == pytest.approx(lam_k * sq_ll, rel=1e-8)
 
 
 # ----------------------------------------------------------------------------- bad inputs
