@@ -41,6 +41,9 @@ def _check_complete(path: Path, man: dict[str, Any], cfg: ZooConfig) -> None:
 def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.device = "cpu"):
     """Load a whole zoo in one call, checking every file.
 
+    A posterior sample set (:mod:`symlib.posteriors.io`) loads the same way; its manifest is then the
+    set's (method, hyper-parameters, base models, modes).
+
     Args:
         path: the zoo directory.
         as_: ``"stacked"``: a dict of tensors ``(n_models, ...)`` (the state dict of model ``i`` at index
@@ -57,6 +60,11 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
     if as_ not in ("stacked", "models"):
         raise ValueError(f"as_ must be 'stacked' or 'models', got {as_!r}")
     path = Path(path)
+    from symlib.posteriors import io as _post_io
+
+    if _post_io.is_posterior(path):  # a posterior sample set: same format, its own manifest
+        params, man = _post_io.load_params(path, device)
+        return (params, man) if as_ == "stacked" else (_post_io.models(params, man), man)
     man = _read_manifest(path)
     try:
         cfg = ZooConfig.from_dict(man["config"])
@@ -190,8 +198,13 @@ def load_or_train(
 
 
 def info(path: str | os.PathLike) -> str:
-    """A human-readable summary of a zoo directory (also of an incomplete one or a shard)."""
+    """A human-readable summary of a zoo directory (also of an incomplete one or a shard) or of a posterior
+    sample set."""
     path = Path(path)
+    from symlib.posteriors import io as _post_io
+
+    if _post_io.is_posterior(path):
+        return _post_io.info(path)
     man = _read_manifest(path)
     cfg = ZooConfig.from_dict(man["config"])
     n = len(man["models"])
