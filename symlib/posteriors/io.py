@@ -183,6 +183,7 @@ def save(
     base: dict[str, Any] | None = None,
     seed: int | None = None,
     chunk: int | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """Write a sample set into ``out_dir`` (created if needed), resuming a partial write.
 
@@ -197,6 +198,9 @@ def save(
             ``samples.base_seeds``).
         seed: the run's seed (recorded; part of the identity).
         chunk: samples per file (default ``n_per_mode``: one mode per file).
+        key: the set's identity hash (default :func:`identity` of the samples' method, sizes and
+            hyper-parameters, the setup, the base seeds and ``seed``; :func:`symlib.posteriors.sampling.run`
+            passes the hash of its request, so that a finished set is found before recomputing it).
 
     Returns:
         The manifest.
@@ -208,7 +212,7 @@ def save(
     out.mkdir(parents=True, exist_ok=True)
     chunk = samples.n_per_mode if chunk is None else _scales.check_int("chunk", chunk, 1)
     srec = setup_record(setup) if setup is not None else None
-    set_hash = identity(
+    set_hash = key or identity(
         samples.method,
         samples.n_modes,
         samples.n_per_mode,
