@@ -281,6 +281,11 @@ def save(
 def _read_chunk_file(
     path: Path, set_hash: str, shapes: dict[str, list[int]], start: int, stop: int
 ) -> Params:
+    if not path.is_file():
+        raise ZooError(
+            f"{path}: missing, the sample set is incomplete; rerun `symlib posterior sample` with the same "
+            f"arguments to write it"
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -366,10 +371,11 @@ def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
     out = []
     n = next(iter(params.values())).shape[0]
     dev = next(iter(params.values())).device
+    dtype = next(v.dtype for v in params.values() if v.is_floating_point())
     for i in range(n):
         with torch.device("meta"):
             m = getattr(_models, spec["class"])(**spec["kwargs"])
-        m = m.to_empty(device=dev)
+        m = m.to_empty(device=dev).to(dtype)  # the samples' precision (float64 sets stay float64)
         m.load_state_dict({k: v[i] for k, v in params.items()})
         out.append(m.eval())
     return out

@@ -388,6 +388,7 @@ def run(
         The :class:`SampleSet`.
     """
     from symlib.posteriors import io
+    from symlib.zoo import ZooError
 
     mod = method_module(method)
     check_sizes(n_modes, n_per_mode)
@@ -398,7 +399,10 @@ def run(
     if out is not None and io.is_posterior(out):
         man = io.read_manifest(out)
         if man.get("set_hash") == key and man.get("complete"):
-            return io.load(out, device=setup.device)
+            try:
+                return io.load(out, device=setup.device)
+            except ZooError:
+                pass  # a chunk was lost or damaged since: recompute, rewrite only what is missing
     base, base_path = None, None
     if uses:
         base, seeds, base_path = base_models(setup, n_modes, seed, cache_dir=cache_dir, progress=progress)
