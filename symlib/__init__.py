@@ -14,19 +14,8 @@ from symlib import canonical, check, counting, data, models, ops, scales, spec, 
 
 __version__ = "0.1.0"
 _LAZY = ("minmass", "plotting", "toy", "train", "zoo", "cli")
-__all__ = [
-    "canonical",
-    "check",
-    "counting",
-    "data",
-    "models",
-    "ops",
-    "scales",
-    "spec",
-    "trace",
-    *_LAZY,
-    "__version__",
-]
+__all__ = ["canonical", "check", "counting", "data", "models", "ops", "scales", "spec", "trace",
+           *_LAZY, "__version__"]
 
 
 def __getattr__(name):

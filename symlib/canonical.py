@@ -69,14 +69,11 @@ def scale_order(spec: Spec) -> list[str]:
     for label in spec.scales:
         params = {a.param for a in spec.incoming(label, "scale")}
         deps[label] = {
-            a.scale
-            for a in spec.actions
+            a.scale for a in spec.actions
             if a.param in params and a.scale not in (None, label) and a.power < 0
         }
     return _topological(
-        list(spec.scales),
-        deps,
-        "scaling",
+        list(spec.scales), deps, "scaling",
         "a residual branch without BatchNorm feeds back into its own stream; use min-mass (symlib.minmass)",
     )
 
@@ -94,8 +91,7 @@ def perm_order(spec: Spec, by: str = "incoming", key: str = "first") -> list[str
     for label in labels:
         acts = spec.incoming(label, "perm") if by == "incoming" else spec.outgoing(label, "perm")
         deps[label] = {
-            a.perm
-            for a in spec.actions
+            a.perm for a in spec.actions
             if acts and a.param == acts[0].param and a.axis != acts[0].axis and a.perm not in (None, label)
         }
     return _topological(labels, deps, "permutation", "sort with key='max'")
@@ -175,11 +171,8 @@ def _key(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> t
         raise ValueError(f"key must be 'first' or 'max', got {key!r}")
     w = _per_neuron(theta, spec, acts[0], nb)
     keys = [w[..., 0] if key == "first" else w.amax(-1)]
-    biases = [
-        a
-        for a in spec.actions
-        if a.perm == label and a.power > 0 and a.param not in spec.weights and len(spec.shapes[a.param]) == 1
-    ]
+    biases = [a for a in spec.actions if a.perm == label and a.power > 0 and a.param not in spec.weights
+              and len(spec.shapes[a.param]) == 1]
     keys += [theta[a.param] for a in biases]
     for side in (spec.incoming(label, "perm"), spec.outgoing(label, "perm")):
         if side:

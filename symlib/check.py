@@ -59,7 +59,8 @@ def outputs(spec: Spec, theta: Params, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*batch, *out.shape[1:])
 
 
-def random_inputs(spec: Spec, n: int = 32, dtype=torch.float64, device=None, seed: int = 0) -> torch.Tensor:
+def random_inputs(spec: Spec, n: int = 32, dtype=torch.float64, device=None, seed: int = 0
+                  ) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, *spec.input_shape, generator=g, dtype=dtype).to(device)
 

@@ -72,32 +72,21 @@ def count(spec: Spec) -> list[dict]:
         within = math.factorial(n // groups) ** groups
         swaps = math.factorial(groups) if label in first_of_tie else 1
         layers = _layers(spec, label)
-        rows.append(
-            {
-                "label": label,
-                "layers": layers,
-                "channels": n,
-                "groups": groups,
-                "permutations": within * swaps,
-                "log10_permutations": groups * _log10_factorial(n // groups) + math.log10(swaps),
-                "untied_log10": sum(len(spec.shapes[f"{x}.weight"]) >= 2 for x in layers)
-                * _log10_factorial(n),
-                "scaling_dof": scale_dof.get(label, 0),
-            }
-        )
+        rows.append({
+            "label": label,
+            "layers": layers,
+            "channels": n,
+            "groups": groups,
+            "permutations": within * swaps,
+            "log10_permutations": groups * _log10_factorial(n // groups) + math.log10(swaps),
+            "untied_log10": sum(len(spec.shapes[f"{x}.weight"]) >= 2 for x in layers) * _log10_factorial(n),
+            "scaling_dof": scale_dof.get(label, 0),
+        })
     if scale_dof.get(None):
-        rows.append(
-            {
-                "label": None,
-                "layers": [],
-                "channels": 0,
-                "groups": 1,
-                "permutations": 1,
-                "log10_permutations": 0.0,
-                "untied_log10": 0.0,
-                "scaling_dof": scale_dof[None],
-            }
-        )
+        rows.append({
+            "label": None, "layers": [], "channels": 0, "groups": 1, "permutations": 1,
+            "log10_permutations": 0.0, "untied_log10": 0.0, "scaling_dof": scale_dof[None],
+        })
     return rows
 
 
@@ -107,8 +96,7 @@ def totals(spec: Spec) -> dict:
     rows = count(spec)
     perms = math.prod(r["permutations"] for r in rows)
     params = sum(
-        math.prod(shape)
-        for name, shape in spec.shapes.items()
+        math.prod(shape) for name, shape in spec.shapes.items()
         if not name.endswith(("running_mean", "running_var", "num_batches_tracked"))
     )
     return {
@@ -154,17 +142,11 @@ def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
             }
             for r in rows
         ]
-        + [
-            {
-                "label": "total",
-                "layers": "",
-                "channels": sum(r["channels"] for r in rows),
-                "groups": None,
-                "permutations": tot["permutations"] if tot["permutations"] < exact_below else None,
-                "log10_permutations": round(tot["log10_permutations"], 2),
-                "scaling_dof": tot["scaling_dof"],
-            }
-        ]
+        + [{
+            "label": "total", "layers": "", "channels": sum(r["channels"] for r in rows), "groups": None,
+            "permutations": tot["permutations"] if tot["permutations"] < exact_below else None,
+            "log10_permutations": round(tot["log10_permutations"], 2), "scaling_dof": tot["scaling_dof"],
+        }]
     )
     frame["groups"] = frame["groups"].astype("Int64")
     return frame
@@ -196,13 +178,11 @@ def summary(named=None):
     rows = []
     for name, (model, shape) in (named or paper_models()).items():
         tot = totals(spec_of(model, shape))
-        rows.append(
-            {
-                "model": name,
-                "parameters": tot["parameters"],
-                "log10_permutations": round(tot["log10_permutations"], 1),
-                "log10_permutations_untied": round(tot["untied_log10"], 1),
-                "scaling_dof": tot["scaling_dof"],
-            }
-        )
+        rows.append({
+            "model": name,
+            "parameters": tot["parameters"],
+            "log10_permutations": round(tot["log10_permutations"], 1),
+            "log10_permutations_untied": round(tot["untied_log10"], 1),
+            "scaling_dof": tot["scaling_dof"],
+        })
     return pd.DataFrame(rows)

@@ -257,7 +257,8 @@ def _residual(prob, u, free) -> torch.Tensor:
     """Largest relative imbalance ``|in - out| / (in + out)`` over the free neurons, ``(B,)``."""
     inc, outg = _in_out(prob, u)
     res = [
-        torch.where(free[k], (inc[k] - outg[k]).abs() / (inc[k] + outg[k]), 0.0).amax(-1) for k in prob.labels
+        torch.where(free[k], (inc[k] - outg[k]).abs() / (inc[k] + outg[k]), 0.0).amax(-1)
+        for k in prob.labels
     ]
     return torch.stack(res, -1).amax(-1) if res else torch.zeros(1)
 
@@ -726,14 +727,8 @@ def fold_batchnorm(
                 nc = torch.nn.Linear(conv.in_features, conv.out_features, bias=True)
             else:
                 nc = type(conv)(
-                    conv.in_channels,
-                    conv.out_channels,
-                    conv.kernel_size,
-                    stride=conv.stride,
-                    padding=conv.padding,
-                    dilation=conv.dilation,
-                    groups=conv.groups,
-                    bias=True,
+                    conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
+                    padding=conv.padding, dilation=conv.dilation, groups=conv.groups, bias=True,
                     padding_mode=conv.padding_mode,
                 )
             _set_module(new_model, conv_name, nc)
@@ -768,3 +763,4 @@ def _compare(m1, t1, m2, t2, input_shape, nb) -> float:
     with torch.no_grad():
         ya, yb = f(m1, t1), f(m2, t2)
     return float((ya - yb).abs().max() / ya.abs().max().clamp_min(1.0))
+

@@ -198,9 +198,9 @@ def dense_weight(theta: Params, spec: Spec, param: str) -> torch.Tensor:
     dense = t.new_zeros(*t.shape[:nb], c_out, groups * k, *shape[2:])
     per = c_out // groups
     for g in range(groups):
-        dense[(slice(None),) * nb + (slice(g * per, (g + 1) * per), slice(g * k, (g + 1) * k))] = t[
-            (slice(None),) * nb + (slice(g * per, (g + 1) * per),)
-        ]
+        dense[(slice(None),) * nb + (slice(g * per, (g + 1) * per), slice(g * k, (g + 1) * k))] = (
+            t[(slice(None),) * nb + (slice(g * per, (g + 1) * per),)]
+        )
     return dense
 
 
@@ -310,7 +310,9 @@ def inverse(g: Element, spec: Spec) -> Element:
     batch, dtype, device = _ref(g)
     g = _full(g, spec, batch, dtype, device)
     perms = {k: invert_perm(p) for k, p in g.perms.items()}
-    scales = {k: torch.gather(1.0 / s, -1, g.perms[spec.perm_of_scale(k)]) for k, s in g.scales.items()}
+    scales = {
+        k: torch.gather(1.0 / s, -1, g.perms[spec.perm_of_scale(k)]) for k, s in g.scales.items()
+    }
     return Element(perms, scales)
 
 

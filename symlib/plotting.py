@@ -39,40 +39,18 @@ def figure1(panels: dict[str, np.ndarray], half_widths: Sequence[float], gridsiz
     fig, axs = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
     for ax, (title, w), h in zip(axs[0], panels.items(), half_widths, strict=True):
         inside = w[(np.abs(w) <= h).all(axis=1)]
-        sns.kdeplot(
-            x=inside[:, 0],
-            y=inside[:, 1],
-            fill=True,
-            levels=12,
-            thresh=0.02,
-            cmap="mako_r",
-            gridsize=gridsize,
-            clip=((-h, h),) * 2,
-            ax=ax,
-        )
+        sns.kdeplot(x=inside[:, 0], y=inside[:, 1], fill=True, levels=12, thresh=0.02, cmap="mako_r",
+                    gridsize=gridsize, clip=((-h, h),) * 2, ax=ax)
         ax.plot([-h, h], [-h, h], ls=":", lw=1, color="0.4")
-        ax.set(
-            xlim=(-h, h),
-            ylim=(-h, h),
-            aspect="equal",
-            xlabel="$w_1$ (output weight of hidden neuron 1)",
-            ylabel="$w_2$",
-            title=title,
-        )
+        ax.set(xlim=(-h, h), ylim=(-h, h), aspect="equal",
+               xlabel="$w_1$ (output weight of hidden neuron 1)", ylabel="$w_2$", title=title)
     fig.tight_layout()
     return fig
 
 
-def figure2(
-    mass_before: np.ndarray,
-    mass_after: np.ndarray,
-    max_before: dict[str, np.ndarray],
-    max_after: dict[str, np.ndarray],
-    sizes: dict[str, int],
-    ts: np.ndarray,
-    path: np.ndarray,
-    n_paths: int = 20,
-):
+def figure2(mass_before: np.ndarray, mass_after: np.ndarray, max_before: dict[str, np.ndarray],
+            max_after: dict[str, np.ndarray], sizes: dict[str, int], ts: np.ndarray, path: np.ndarray,
+            n_paths: int = 20):
     r"""Paper Figure 2: min-mass on a zoo (book: chapter "Min-mass").
 
     Args:
@@ -93,23 +71,16 @@ def figure2(
     axs[0].legend()
     pos = np.arange(len(layers))
     for shift, values, color in ((-0.18, max_before, "C0"), (0.18, max_after, "C1")):
-        axs[1].boxplot(
-            [values[k] for k in layers],
-            positions=pos + shift,
-            widths=0.3,
-            patch_artist=True,
-            boxprops={"facecolor": color, "alpha": 0.6},
-        )
+        axs[1].boxplot([values[k] for k in layers], positions=pos + shift, widths=0.3,
+                       patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6})
     axs[1].set_xticks(pos, [f"{k.split('.')[0]}\n{sizes[k]}" for k in layers])
-    axs[1].set(
-        xlabel="layer, number of weights", ylabel=r"$\max_i |w_i|$", title="(b) largest weight per layer"
-    )
+    axs[1].set(xlabel="layer, number of weights", ylabel=r"$\max_i |w_i|$",
+               title="(b) largest weight per layer")
     for i in range(min(n_paths, path.shape[1])):
         axs[2].plot(ts, path[:, i], color="C0", alpha=0.4, lw=1)
     axs[2].axvline(1.0, color="C1", ls="--", lw=1)
-    axs[2].set(
-        xlabel=r"$t$ (scales $\lambda^{*t}$)", ylabel=r"$M / M(\theta)$", title="(c) mass along the orbit"
-    )
+    axs[2].set(xlabel=r"$t$ (scales $\lambda^{*t}$)", ylabel=r"$M / M(\theta)$",
+               title="(c) mass along the orbit")
     fig.tight_layout()
     return fig
 
@@ -122,9 +93,6 @@ def imbalance_scatter(at_init: dict[str, np.ndarray], trained: dict[str, np.ndar
         ax.scatter(at_init[k], trained[k], s=6, alpha=0.5, label=k)
     ax.axhline(0, color="gray", lw=1, ls="--")
     ax.legend(title="layer", markerscale=2)
-    ax.set(
-        xlabel=r"$a_i - b_i$ at initialisation",
-        ylabel=r"$a_i - b_i$ after training",
-        title="(d) imbalance of each neuron",
-    )
+    ax.set(xlabel=r"$a_i - b_i$ at initialisation", ylabel=r"$a_i - b_i$ after training",
+           title="(d) imbalance of each neuron")
     return fig

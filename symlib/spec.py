@@ -159,7 +159,7 @@ class Spec:
         batch = None
         for name, shape in self.shapes.items():
             t = theta[name]
-            if tuple(t.shape[t.ndim - len(shape) :]) != tuple(shape) or t.ndim < len(shape):
+            if tuple(t.shape[t.ndim - len(shape):]) != tuple(shape) or t.ndim < len(shape):
                 raise SymmetryError(
                     f"parameter {name!r} has shape {tuple(t.shape)}, expected (*batch, {shape}): "
                     "is this checkpoint from another architecture?"
@@ -175,14 +175,16 @@ class Spec:
         """Weight actions on the outgoing side (power > 0) of ``label``: the neurons' incoming weights."""
         key = "scale" if kind == "scale" else "perm"
         return [
-            a for a in self.actions if getattr(a, key) == label and a.param in self.weights and a.power > 0
+            a for a in self.actions
+            if getattr(a, key) == label and a.param in self.weights and a.power > 0
         ]
 
     def outgoing(self, label: str, kind: str = "scale") -> list[Action]:
         """Weight actions on the incoming side (power < 0) of ``label``: the neurons' outgoing weights."""
         key = "scale" if kind == "scale" else "perm"
         return [
-            a for a in self.actions if getattr(a, key) == label and a.param in self.weights and a.power < 0
+            a for a in self.actions
+            if getattr(a, key) == label and a.param in self.weights and a.power < 0
         ]
 
     def perm_of_scale(self, scale: str) -> str | None:

@@ -46,9 +46,8 @@ def is_linearly_separable(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Te
     x = np.asarray(x, dtype=np.float64)
     s = np.where(np.asarray(y) > 0, 1.0, -1.0)
     a_ub = -s[:, None] * np.hstack([x, np.ones((len(x), 1))])
-    res = linprog(
-        np.zeros(x.shape[1] + 1), A_ub=a_ub, b_ub=-np.ones(len(x)), bounds=(None, None), method="highs"
-    )
+    res = linprog(np.zeros(x.shape[1] + 1), A_ub=a_ub, b_ub=-np.ones(len(x)), bounds=(None, None),
+                  method="highs")
     return res.status == 0
 
 
@@ -74,20 +73,14 @@ def two_gaussians(
     for draw in range(1, max_draws + 1):
         x = m[y] + rng.standard_normal((2 * n_per_class, 2))
         if is_linearly_separable(x, y):
-            return ToyData(
-                torch.tensor(x, dtype=torch.float32),
-                torch.tensor(y, dtype=torch.float32),
-                tuple(map(tuple, m.tolist())),
-                seed,
-                draw,
-            )
+            return ToyData(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32),
+                           tuple(map(tuple, m.tolist())), seed, draw)
     raise ValueError(f"no linearly separable sample in {max_draws} draws: move the means {means} apart")
 
 
 # ---------------------------------------------------------------------------- training
-def init_mlps(
-    widths: Sequence[int], n_models: int, generator: torch.Generator | None = None, dtype=torch.float32
-) -> Params:
+def init_mlps(widths: Sequence[int], n_models: int, generator: torch.Generator | None = None,
+              dtype=torch.float32) -> Params:
     """PyTorch's default ``nn.Linear`` initialisation, drawn independently for each of ``n_models``.
 
     Weights and biases are ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; keys match
@@ -103,23 +96,19 @@ def init_mlps(
     return theta
 
 
-def batch_orders(
-    n_models: int, n_data: int, epochs: int, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def batch_orders(n_models: int, n_data: int, epochs: int, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
     """An independent random order of the data for every model and epoch: ``(epochs, n_models, n_data)``."""
     return torch.rand(epochs, n_models, n_data, generator=generator).argsort(dim=-1)
 
 
-def _to_models_last(
-    theta: Params, lo: int = 0, hi: int | None = None, device=None
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _to_models_last(theta: Params, lo: int = 0, hi: int | None = None, device=None
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Copies of stacked MLP parameters ``[lo:hi]`` laid out models-last (see :func:`_sgd_step`)."""
     n_layers = len(theta) // 2
     dense = torch.contiguous_format  # clone() always copies: contiguous() may return a view
-    ws = [
-        theta[f"{2 * i}.weight"][lo:hi].to(device).permute(1, 2, 0).clone(memory_format=dense)
-        for i in range(n_layers)
-    ]
+    ws = [theta[f"{2 * i}.weight"][lo:hi].to(device).permute(1, 2, 0).clone(memory_format=dense)
+          for i in range(n_layers)]
     bs = [theta[f"{2 * i}.bias"][lo:hi].to(device).t().clone(memory_format=dense) for i in range(n_layers)]
     return ws, bs
 
@@ -132,9 +121,8 @@ def _from_models_last(ws: list[torch.Tensor], bs: list[torch.Tensor]) -> Params:
     return theta
 
 
-def _forward(
-    ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _forward(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Models-last forward: inputs ``x (d, B, M)``; returns the activations (input first) and the
     pre-activations ``z_l (out, B, M)`` of every layer."""
     acts, zs = [x], []
@@ -151,17 +139,15 @@ def mean_losses(theta: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return _mean_losses(*_to_models_last(theta, device=x.device), x, y)
 
 
-def _mean_losses(
-    ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
+def _mean_losses(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor
+                 ) -> torch.Tensor:
     m = ws[0].shape[-1]
     logits = _forward(ws, bs, x.t().unsqueeze(-1).expand(-1, -1, m))[1][-1][0]  # (N, M)
     return F.binary_cross_entropy_with_logits(logits, y.unsqueeze(-1).expand(-1, m), reduction="none").mean(0)
 
 
-def _sgd_step(
-    ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float
-) -> None:
+def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float
+              ) -> None:
     r"""One SGD step on the mean BCE of every model, in place, models on the last axis.
 
     Layout: activations ``(features, batch, M)``, weights ``(out, in, M)``, biases
@@ -184,7 +170,7 @@ def _sgd_step(
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-    theta: Params  # stacked parameters (M, ...)
+    theta: Params         # stacked parameters (M, ...)
     losses: torch.Tensor  # final mean training loss per model (M,)
     seconds: float
 
@@ -243,7 +229,7 @@ def train_mlps(
         xt = x.t()
         for epoch in range(epochs):
             for s in range(steps):
-                idx = order[epoch, :, s * batch_size : (s + 1) * batch_size].t()  # (B, M)
+                idx = order[epoch, :, s * batch_size:(s + 1) * batch_size].t()  # (B, M)
                 _sgd_step(ws, bs, xt[:, idx], y[idx].unsqueeze(0), lr)
                 bar.update()
         losses.append(_mean_losses(ws, bs, x, y))
@@ -280,7 +266,7 @@ def train_mlp_loop(
     for epoch in range(epochs):
         perm = order[epoch] if order is not None else torch.randperm(n, generator=generator)
         for s in range(0, n, batch_size):
-            idx = perm[s : s + batch_size]
+            idx = perm[s:s + batch_size]
             opt.zero_grad()
             loss = F.binary_cross_entropy_with_logits(model(data.x[idx]).squeeze(-1), data.y[idx])
             loss.backward()
@@ -322,7 +308,7 @@ def density_summary(w: np.ndarray, coverage: float = 0.98, grid: int = 121) -> D
     h = float(np.quantile(np.abs(w).max(axis=1), coverage))
     mask = (np.abs(w) <= h).all(axis=1)
     kde = gaussian_kde(w[mask].T)
-    pts = np.mgrid[-h : h : grid * 1j, -h : h : grid * 1j].reshape(2, -1)
+    pts = np.mgrid[-h:h:grid * 1j, -h:h:grid * 1j].reshape(2, -1)
     dens = kde(pts)
     peak = pts[:, dens.argmax()]
     return DensitySummary(

@@ -53,86 +53,25 @@ from symlib.spec import Action, Spec, SymmetryError
 FIXED = "<fixed>"
 
 _PASS_MODULES = (
-    nn.ReLU,
-    nn.LeakyReLU,
-    nn.Identity,
-    nn.Dropout,
-    nn.Dropout1d,
-    nn.Dropout2d,
-    nn.Dropout3d,
-    nn.AlphaDropout,
-    nn.MaxPool1d,
-    nn.MaxPool2d,
-    nn.MaxPool3d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AvgPool3d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
-    nn.AdaptiveAvgPool3d,
-    nn.AdaptiveMaxPool1d,
-    nn.AdaptiveMaxPool2d,
-    nn.AdaptiveMaxPool3d,
+    nn.ReLU, nn.LeakyReLU, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+    nn.AlphaDropout, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
 )
 _NONHOMOGENEOUS_MODULES = (
-    nn.Tanh,
-    nn.Sigmoid,
-    nn.GELU,
-    nn.SiLU,
-    nn.ELU,
-    nn.SELU,
-    nn.CELU,
-    nn.Softplus,
-    nn.Mish,
-    nn.Hardswish,
-    nn.Hardsigmoid,
-    nn.Hardtanh,
-    nn.ReLU6,
-    nn.Softsign,
-    nn.Tanhshrink,
-    nn.LogSigmoid,
+    nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish,
+    nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.ReLU6, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid,
 )
 _PASS_FUNCTIONS = {
-    F.relu,
-    torch.relu,
-    torch.relu_,
-    F.relu_,
-    F.leaky_relu,
-    F.dropout,
-    F.dropout1d,
-    F.dropout2d,
-    F.dropout3d,
-    F.max_pool1d,
-    F.max_pool2d,
-    F.max_pool3d,
-    F.avg_pool1d,
-    F.avg_pool2d,
-    F.avg_pool3d,
-    F.adaptive_avg_pool1d,
-    F.adaptive_avg_pool2d,
-    F.adaptive_avg_pool3d,
-    F.adaptive_max_pool1d,
-    F.adaptive_max_pool2d,
-    F.adaptive_max_pool3d,
+    F.relu, torch.relu, torch.relu_, F.relu_, F.leaky_relu, F.dropout, F.dropout1d, F.dropout2d,
+    F.dropout3d, F.max_pool1d, F.max_pool2d, F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
+    F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.adaptive_max_pool1d,
+    F.adaptive_max_pool2d, F.adaptive_max_pool3d,
 }
 _PASS_METHODS = {"relu", "relu_", "contiguous", "clone", "detach", "float", "double", "to"}
 _NONHOMOGENEOUS_FUNCTIONS = {
-    torch.tanh,
-    F.tanh,
-    torch.sigmoid,
-    F.sigmoid,
-    F.gelu,
-    F.silu,
-    F.elu,
-    F.selu,
-    F.celu,
-    F.softplus,
-    F.mish,
-    F.hardswish,
-    F.hardsigmoid,
-    F.hardtanh,
-    F.relu6,
-    torch.exp,
+    torch.tanh, F.tanh, torch.sigmoid, F.sigmoid, F.gelu, F.silu, F.elu, F.selu, F.celu, F.softplus,
+    F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, F.relu6, torch.exp,
 }
 _NONHOMOGENEOUS_METHODS = {"tanh", "tanh_", "sigmoid", "sigmoid_", "exp"}
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
@@ -230,8 +169,7 @@ class _Walker:
 
     def _fixed_inputs(self, node) -> bool:
         return all(
-            self.states[a] is None
-            or self.perm_uf.find(self.states[a].perm) == FIXED
+            self.states[a] is None or self.perm_uf.find(self.states[a].perm) == FIXED
             and self.scale_uf.find(self.states[a].scale) == FIXED
             for a in self._tensor_args(node)
         )
@@ -254,7 +192,9 @@ class _Walker:
             if node.op == "output":
                 continue
             users = list(node.users)
-            if users and all(u.op == "output" or (u in tail and not self._has_parameters(u)) for u in users):
+            if users and all(
+                u.op == "output" or (u in tail and not self._has_parameters(u)) for u in users
+            ):
                 tail.add(node)
         return tail
 
@@ -280,8 +220,7 @@ class _Walker:
             return None
         if node.op == "get_attr":
             raise self._refuse(
-                node,
-                f"the parameter or buffer {node.target!r} used outside a layer",
+                node, f"the parameter or buffer {node.target!r} used outside a layer",
                 "use it through an nn.Module layer (nn.Linear, nn.Conv2d, ...) so the spec knows its axes",
             )
         if shape is None:
@@ -320,8 +259,7 @@ class _Walker:
         if node in self.tail:  # e.g. a final LayerNorm: the labels would reach the output anyway
             return self._fix_inputs(node)
         raise self._refuse(
-            node,
-            f"the module {name!r} of type {type(mod).__name__}",
+            node, f"the module {name!r} of type {type(mod).__name__}",
             "its symmetries are unknown to symlib; supported: Linear, Conv1d/2d/3d (grouped too), "
             "BatchNorm, ReLU/LeakyReLU, element-wise activations, pooling, dropout, flatten after a "
             "global pool and residual additions. Write its Spec by hand (symlib.spec.Spec) instead",
@@ -334,8 +272,7 @@ class _Walker:
         if self.perm_uf.find(st.perm) != FIXED or self.scale_uf.find(st.scale) != FIXED:
             if st.axis != axis and not (st.axis == 1 and len(shape) == 2):
                 raise self._refuse(
-                    node,
-                    f"a layer reading axis {axis} of a tensor whose channels are on axis {st.axis}",
+                    node, f"a layer reading axis {axis} of a tensor whose channels are on axis {st.axis}",
                     "apply Linear layers to (batch, features) tensors, e.g. after a global pool",
                 )
         return st
@@ -367,8 +304,7 @@ class _Walker:
         st = self._in_label(node, "channel")
         if not mod.track_running_stats:
             raise self._refuse(
-                node,
-                f"the BatchNorm {name!r} without running statistics",
+                node, f"the BatchNorm {name!r} without running statistics",
                 "in eval mode it normalises with batch statistics, which couples samples; build it with "
                 "track_running_stats=True",
             )
@@ -401,12 +337,9 @@ class _Walker:
         if self.perm_uf.find(st.perm) == FIXED and self.scale_uf.find(st.scale) == FIXED:
             return _State(FIXED, FIXED, 1)
         c = in_shape[st.axis]
-        rest = in_shape[st.axis + 1 :]
+        rest = in_shape[st.axis + 1:]
         keeps = (
-            st.axis == 1
-            and len(out_shape) >= 2
-            and out_shape[0] == in_shape[0]
-            and out_shape[1] == c
+            st.axis == 1 and len(out_shape) >= 2 and out_shape[0] == in_shape[0] and out_shape[1] == c
             and all(d == 1 for d in out_shape[2:])
         )
         if node.target in ("mean", "amax", torch.mean, torch.amax):
@@ -420,8 +353,7 @@ class _Walker:
         if tuple(in_shape) == tuple(out_shape):
             return st
         raise self._refuse(
-            node,
-            f"a reshape of a labelled tensor from {tuple(in_shape)} to {tuple(out_shape)}",
+            node, f"a reshape of a labelled tensor from {tuple(in_shape)} to {tuple(out_shape)}",
             "flattening a spatial map mixes channels with positions; pool globally first "
             "(nn.AdaptiveAvgPool2d(1)) so that flatten keeps the channels as features",
         )
@@ -436,19 +368,13 @@ class _Walker:
             return _State(st.perm, FIXED, st.axis, st.producer)
         shapes = {self._shape(t) for t in tensors}
         if len(shapes) != 1:
-            raise self._refuse(
-                node,
-                f"a broadcasting add of shapes {sorted(shapes)}",
-                "residual additions must sum tensors of one shape",
-            )
+            raise self._refuse(node, f"a broadcasting add of shapes {sorted(shapes)}",
+                               "residual additions must sum tensors of one shape")
         for other in tensors[1:]:
             o = self.states[other]
             if o.axis != st.axis:
-                raise self._refuse(
-                    node,
-                    "an add of tensors whose channels lie on different axes",
-                    "sum tensors with the same layout",
-                )
+                raise self._refuse(node, "an add of tensors whose channels lie on different axes",
+                                   "sum tensors with the same layout")
             self.perm_uf.union(st.perm, o.perm)
             self.scale_uf.union(st.scale, o.scale)
         return st
@@ -470,8 +396,7 @@ class _Walker:
         fname = getattr(target, "__name__", target)
         what = f"the method .{target}()" if is_method else f"the function {fname}"
         raise self._refuse(
-            node,
-            what + " on a labelled tensor",
+            node, what + " on a labelled tensor",
             "its symmetries are unknown to symlib (concatenation, products and attention are not "
             "supported); write the Spec by hand or express the layer with supported modules",
         )
@@ -501,14 +426,9 @@ class _Walker:
         producers = [p for p in self.output_producers if p is not None]
         bias = f"{producers[-1]}.bias" if producers else None
         return Spec(
-            shapes=shapes,
-            perms=perms,
-            scales=scales,
-            actions=tuple(actions),
-            weights=frozenset(self.weights),
-            output_bias=bias if bias in shapes else None,
-            no_scaling=dict(self.no_scaling),
-            blocks=blocks,
+            shapes=shapes, perms=perms, scales=scales, actions=tuple(actions),
+            weights=frozenset(self.weights), output_bias=bias if bias in shapes else None,
+            no_scaling=dict(self.no_scaling), blocks=blocks,
         )
 
     def _blocks(self, perms) -> dict[str, tuple[int, str | None]]:
@@ -527,7 +447,8 @@ class _Walker:
             tie.union(pf(p_in), pf(p_out))
         ordered = [label for label in perms if label in groups]
         return {
-            label: (groups[label], None if tie.find(label) == FIXED else tie.find(label)) for label in ordered
+            label: (groups[label], None if tie.find(label) == FIXED else tie.find(label))
+            for label in ordered
         }
 
 
