@@ -77,14 +77,13 @@ def sample(
     """
     sampling.check_sizes(n_modes, n_per_mode)
     sampling.forbid_base(base, "MC dropout")
+    with torch.device("meta"):
+        sampling.last_dropout(setup.make_model())  # raises for a model without dropout
     p = DEFAULT_P.get(setup.arch) if p is None else p
     if p is None:
         raise ValueError(f"no default dropout rate for {setup.arch!r}; pass p")
-    if not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
+    if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
         raise ValueError(f"dropout probability p must be in (0, 1), got {p!r}")
-    with torch.device("meta"):
-        d = sampling.last_dropout(setup.make_model()).p  # raises for a model without dropout
-    del d
     seeds = sampling.base_seeds(n_modes, seed)
     train_seed, mask_seed = sampling.stream_seeds(2, seed, "dropout")
     trained = sampling.train_models(

@@ -158,10 +158,19 @@ def check_finite_loss(loss: torch.Tensor, step: int, seeds: Sequence[int], what:
 # ----------------------------------------------------------------------------- nn.Module helpers
 
 
+def init_stacked(setup: Setup, seeds: Sequence[int]) -> Params:
+    """The initial weights of one model per seed, stacked, on the setup's device and in its data's
+    floating dtype (float64 problems train float64 networks)."""
+    return {
+        k: v.to(setup.device, setup.x.dtype) for k, v in _train.init_params(setup.make_model, seeds).items()
+    }
+
+
 def new_module(setup: Setup, state: Params | None = None, seed: int | None = None) -> torch.nn.Module:
-    """A module of the setup's architecture on its device: ``seed``'s initialisation, or ``state``."""
+    """A module of the setup's architecture on its device and in its data's dtype: ``seed``'s
+    initialisation, or ``state``."""
     model = _train.init_model(setup.make_model, seed) if seed is not None else setup.make_model()
-    model = model.to(setup.device)
+    model = model.to(setup.device, setup.x.dtype)
     if state is not None:
         model.load_state_dict(state)
     return model
@@ -247,7 +256,7 @@ def train_models(
     rec = recipe or setup.recipe
     steps = rec.epochs * -(-setup.n_train // rec.batch_size)
     if setup.arch == "optunet":
-        theta = {k: v.to(setup.device) for k, v in _train.init_params(setup.make_model, seeds).items()}
+        theta = init_stacked(setup, seeds)
         gen = generator(mask_seed, setup.device)
         bufs = None
         with bar(steps, f"{desc} ({len(seeds)} stacked)", enabled=progress, unit="step") as pb:

@@ -136,8 +136,7 @@ def sample(
         if from_base:
             theta = {k: base[k].clone() for k in _train.OPTUNET_SHAPES}
         else:
-            init = _train.init_params(setup.make_model, chain_seeds)
-            theta = {k: v.to(setup.device) for k, v in init.items()}
+            theta = sampling.init_stacked(setup, chain_seeds)
         v = {k: torch.zeros_like(t) for k, t in theta.items()}
         run = torch.zeros(n_modes, dtype=torch.float64)
         cnt = 0
@@ -186,7 +185,7 @@ def sample(
                         for k in names:
                             ps[k].copy_(new_t[k])
                     if b.epoch >= burn_in:
-                        run, cnt = run + float(loss), cnt + 1
+                        run, cnt = run + float(loss.detach()), cnt + 1
                     if b.last_in_epoch and b.epoch in keep:
                         samples_i.append(sampling.state_of(model))
                     pb.update(1)

@@ -202,7 +202,7 @@ def fit(
                 sampling.check_finite_loss(loss, b.step, [s], "swag")
                 loss.backward()
                 opt.step()
-                run_loss, cnt = run_loss + float(loss), cnt + 1
+                run_loss, cnt = run_loss + float(loss.detach()), cnt + 1
                 if b.step in snap_set:
                     params = dict(model.named_parameters())
                     snaps_i.append(torch.cat([params[k].detach().reshape(-1) for k in names]))
