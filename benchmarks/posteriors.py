@@ -43,7 +43,9 @@ def main() -> None:
     ap.add_argument("--plain-modes", type=int, default=2, help="models the plain loop trains (scaled to 10)")
     ap.add_argument("--repeats", type=int, default=1, help="best of this many interleaved timings")
     ap.add_argument("--skip-methods", action="store_true", help="only the stacked vs one-by-one comparison")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     os.environ.setdefault("TQDM_DISABLE", "1")
     setup = dataclasses.replace(sampling.setup_for("mnist-optunet", args.scale), name="")  # no cache
     n_modes = 10
