@@ -277,3 +277,20 @@ def test_bad_inputs_have_clear_errors():
     nan_data = dataclasses.replace(_resnet_setup(), x=torch.full((8, 3, 32, 32), float("nan")))
     with pytest.raises(FloatingPointError, match="non-finite loss at step 0"):
         sampling.train_models(nan_data, [5], progress=False)
+
+
+def test_multi_mode_ten_by_ten():
+    """The paper's multi-mode sets: 10 base models trained stacked, 10 samples around each, mode-major;
+    every SWAG sample is nearer its own base model than any other base model."""
+    st = _optunet_setup(n=64)
+    base = sampling.train_models(st, sampling.base_seeds(10, 0), progress=False)
+    s = swag.sample(st, 10, 10, 0, base=base, progress=False, epochs=1, n_snapshots=2, rank=2)
+    assert s.n_samples == 100 and torch.equal(s.modes, torch.arange(10).repeat_interleave(10))
+    flat = torch.cat([s.params[k].flatten(1) for k in T.OPTUNET_SHAPES], 1)
+    flat_base = torch.cat([base[k].flatten(1) for k in T.OPTUNET_SHAPES], 1)
+    assert torch.equal(torch.cdist(flat, flat_base).argmin(1), s.modes)
+    d = dropout.sample(st, 10, 10, 0, progress=False)
+    assert (
+        d.n_samples == 100
+        and len({float(d.params["conv1.weight"][i].sum()) for i in range(0, 100, 10)}) == 10
+    )
