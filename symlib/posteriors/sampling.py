@@ -270,8 +270,19 @@ def train_models(
                 theta, bufs = _train.sgd_step(theta, grads, bufs, b.lr, rec)
                 pb.update(1)
         return theta
+    # the dropout layers draw their masks from the global RNG: seed it, and restore it afterwards
+    devices = [setup.device] if setup.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(mask_seed % (2**63))
+        if devices:
+            torch.cuda.manual_seed(mask_seed % (2**63))
+        return _train_modules(setup, seeds, dropout, rec, steps, progress, desc)
+
+
+def _train_modules(setup, seeds, dropout, rec, steps, progress, desc) -> Params:
+    from symlib.progress import bar
+
     states = []
-    torch.manual_seed(mask_seed % (2**63))  # the dropout layers' masks (global RNG of the plain loop)
     with bar(steps * len(seeds), f"{desc} (one by one)", enabled=progress, unit="step") as pb:
         for s in seeds:
             model = new_module(setup, seed=s).train()
