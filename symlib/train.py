@@ -217,6 +217,11 @@ def _counter_hash(keys: torch.Tensor, epoch: int, counter: torch.Tensor) -> torc
     return _hash32(h ^ counter)
 
 
+# Version of the per-model data order and crops (:func:`epoch_plans`). Zoo configurations record it, so
+# that a cached zoo trained with another order is never taken for this one.
+DATA_ORDER = "hash32/1"
+
+
 def epoch_plans(
     seeds: Sequence[int],
     epoch: int,
