@@ -76,10 +76,10 @@ def test_leapfrog_energy_error_is_second_order():
 
 def test_hmc_recovers_a_correlated_gaussian():
     """10-D Gaussian with correlations up to 0.6 and scales 0.3..3 (condition number ~200): every mean
-    within 4.5 Monte-Carlo standard errors (sd / sqrt(ESS), 10 coordinates: a false alarm has probability < 1e-4), every
-    covariance entry within 5 standard errors of a covariance estimate, sqrt((S_ii S_jj + S_ij^2) / ESS)
-    with the smallest bulk ESS; dual averaging lands the acceptance at or
-    a little above its target."""
+    within 4.5 Monte-Carlo standard errors (sd / sqrt(ESS), 10 coordinates: a false alarm has
+    probability < 1e-4), every covariance entry within 5 standard errors of a covariance estimate,
+    sqrt((S_ii S_jj + S_ij^2) / ESS) with the smallest bulk ESS; dual averaging lands the acceptance at
+    or a little above its target."""
     d = 10
     g = torch.Generator().manual_seed(2)
     a = torch.randn(d, d, generator=g, dtype=torch.float64)
