@@ -276,3 +276,21 @@ def test_bad_input_is_named():
     assert int(res.divergences.sum()) > 0 and bool((res.draws[..., 0] <= 0.5).all())
     with pytest.raises(TypeError, match="unknown HMC settings"):
         hmc.sample(_setup(), 1, 4, progress=False, n_leap=3)
+
+
+def test_generic_fallback_for_other_architectures():
+    """An architecture without a stacked gradient (an MLP) falls back to torch.func, with a warning;
+    a network with BatchNorm is refused (its posterior is not a function of the weights alone)."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(30, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (30,), generator=g)
+    rec = T.Recipe(epochs=1, batch_size=10, lr=0.1, weight_decay=1e-2)
+    make = lambda: models.MLP([5, 4, 3]).double()  # noqa: E731
+    s = Setup("mlp", make, x, y, rec, num_classes=3, scale="tiny")
+    base = T.init_params(make, [0, 1])
+    with pytest.warns(UserWarning, match="falls back"):
+        out = hmc.sample(s, 2, 4, base=base, progress=False, n_warmup=5, n_leapfrog=3)
+    assert list(out.params) == list(dict(make().named_parameters()))
+    assert out.diagnostics["rhat_max"] is not None
+    with pytest.raises(ValueError, match="BatchNorm"):
+        hmc.module_potential(lambda: models.ResNet18(width=4), x, y, 1.0)

@@ -96,7 +96,7 @@ def test_linear_regression_optimum():
     def gaussian_nll(out, target):
         return ((out.squeeze(-1) - target) ** 2).mean() / (2 * noise**2)
 
-    rec = T.Recipe(epochs=1500, batch_size=n, lr=0.03, milestones=(600, 1000, 1300), gamma=0.2)
+    rec = T.Recipe(epochs=800, batch_size=n, lr=0.03, milestones=(300, 550, 700), gamma=0.2)
     setup = Setup("linear", lambda: nn.Linear(dim, 1).double(), x, y, rec, scale="tiny")
     res = vi.fit(setup, 1, 0, progress=False, loss_fn=gaussian_nll, optimizer="adam", n_mc=16, prior_sigma=s0)
     mean = torch.cat([res.mean["weight"][0].flatten(), res.mean["bias"][0]])
