@@ -103,6 +103,7 @@ def test_hmc_recovers_a_correlated_gaussian():
     assert np.all((res.accept_prob.numpy() > 0.65) & (res.accept_prob.numpy() < 0.95))
     diag = res.diagnostics()
     assert diag["rhat_max"] < 1.05 and diag["n_grad"] > 0
+    assert len(diag["rhat_potential_per_chain"]) == 4 and max(diag["rhat_potential_per_chain"]) < 1.1
     json.dumps(diag)
 
 
