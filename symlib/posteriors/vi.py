@@ -30,6 +30,10 @@ updated in training mode, as in a BLiTZ network whose non-Bayesian layers are or
   ``optimizer="adam"`` is available (what BLiTZ users usually run); with SGD and :math:`\beta = 1/N`,
   :math:`\rho` receives gradients of order :math:`\beta` from the KL and :math:`\sigma` barely leaves its
   initial :math:`e^{-6}`: the near-deterministic posterior behind the paper's tiny BNN mutual information.
+  Measured at the ``cpu`` scale (4,000 digits, the zoo's 10-epoch recipe, 2 modes): SGD leaves the median
+  :math:`\sigma` at 0.001 (its initial value) and reaches 50-62 % test accuracy; Adam (lr 0.01) 0.013-0.016
+  and 63-76 %. The prior :math:`\mathcal N(0, 0.1^2)` weighted by :math:`1/N` acts on the means as a weight
+  decay of :math:`1 / (N \sigma_0^2) = 0.025` (the recipe's is 2e-4): with few data it dominates.
 
 **Stacked OptuNet.** ``n_modes`` posteriors and their ``K`` Monte-Carlo samples are ``M = n_modes * K``
 stacked networks that share the batch of their mode; :func:`symlib.train.loss_and_grads` gives
