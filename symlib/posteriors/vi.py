@@ -343,17 +343,16 @@ def _fit_stacked(
 
 def _batches(seed: int, x: torch.Tensor, y: torch.Tensor, rec: _train.Recipe, fill):
     """One model's mini-batches: :func:`symlib.train.minibatches` for images, a plain shuffle (the same
-    permutation stream) for other inputs (no augmentation)."""
+    data order, :func:`symlib.train.epoch_plans`) for other inputs (no augmentation)."""
     if x.ndim == 4:
         for b in _train.minibatches([seed], x, y, rec, fill):
             yield b.epoch, b.lr, b.last_in_epoch, b.x[0], b.y[0]
         return
     if rec.crop_padding or rec.flip:
         raise ValueError("random crops and flips need images (N, C, H, W); set crop_padding=0, flip=False")
-    gen = _train._generators([seed])[0]
     n = x.shape[0]
     for epoch in range(rec.epochs):
-        perm = torch.randperm(n, generator=gen).to(x.device)
+        perm = _train.epoch_plans([seed], epoch, n, 0, False, device=x.device)[0][0]
         for start in range(0, n, rec.batch_size):
             idx = perm[start : start + rec.batch_size]
             yield epoch, rec.lr_at(epoch), start + rec.batch_size >= n, x[idx], y[idx]
