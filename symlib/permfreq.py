@@ -17,9 +17,10 @@ pairs that swapped.
   leading axes (runs, steps, layers; layers of different widths are zero-padded and masked), with
   ``O(n^2)`` sign comparisons per layer and no Python loop over pairs.
 * :class:`PermutationTracker` is the per-step hook of :func:`symlib.train.train_stacked`: it keeps
-  only the previous step's ranks and records, per step, run and layer, :math:`\tau`, the number of
-  neurons that changed position, and the learning rate, for several sorting keys at once (the
-  paper's ``"max"`` key and the first-weight key of its App. C.2).
+  only the previous step's ranks and weights and records, per step, run and layer, :math:`\tau` and
+  the number of neurons that changed position, for several sorting keys at once (the paper's
+  ``"max"`` key and the first-weight key of its App. C.2), with the size of every run's step and
+  the learning rate.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class PermFreq:
         lr: ``(S,)`` learning rate used by that step (NaN if unknown).
         tau: key -> ``(S, M, L)`` Kendall's tau between the ranks after this step and before it.
         changed: key -> ``(S, M, L)`` number of neurons whose rank changed.
+        motion: ``(S, M)`` Euclidean norm of each run's parameter change at this step (how violent
+            the step was), NaN where the previous weights were not available.
     """
 
     layers: tuple[str, ...]
@@ -114,6 +117,7 @@ class PermFreq:
     lr: torch.Tensor
     tau: dict[str, torch.Tensor]
     changed: dict[str, torch.Tensor]
+    motion: torch.Tensor
 
     def mean_tau(self, key: str = "max") -> torch.Tensor:
         """``(S,)`` tau averaged over runs and layers (the curve of the paper's Figure 4)."""
@@ -149,12 +153,19 @@ class PermutationTracker:
         self.spec, self.keys, self.lr_at = spec, tuple(keys), lr_at
         self.lengths = torch.tensor(list(spec.perms.values()))
         self._prev: dict[str, torch.Tensor] | None = None
+        self._prev_flat: torch.Tensor | None = None
+        self._motion: list[torch.Tensor] = []
         self._steps: list[int] = []
         self._lr: list[float] = []
         self._tau: dict[str, list[torch.Tensor]] = {k: [] for k in self.keys}
         self._changed: dict[str, list[torch.Tensor]] = {k: [] for k in self.keys}
         if init is not None:
             self._prev = self._ranks(init)
+            self._prev_flat = self._flat(init)
+
+    @staticmethod
+    def _flat(theta: Params) -> torch.Tensor:
+        return torch.cat([v.detach().reshape(v.shape[0], -1) for v in theta.values()], 1).to(torch.float64)
 
     def _ranks(self, theta: Params) -> dict[str, torch.Tensor]:
         with torch.no_grad():
@@ -162,6 +173,7 @@ class PermutationTracker:
 
     def __call__(self, step: int, theta: Params) -> None:
         cur = self._ranks(theta)
+        flat = self._flat(theta)
         if self._prev is not None:
             lengths = self.lengths.to(next(iter(cur.values())).device)
             for k in self.keys:
@@ -169,7 +181,8 @@ class PermutationTracker:
                 self._changed[k].append((cur[k] != self._prev[k]).sum(-1).cpu())
             self._steps.append(int(step))
             self._lr.append(float(self.lr_at(step)) if self.lr_at is not None else float("nan"))
-        self._prev = cur
+            self._motion.append((flat - self._prev_flat).norm(dim=1).cpu())
+        self._prev, self._prev_flat = cur, flat
 
     def result(self) -> PermFreq:
         """The records so far, as tensors."""
@@ -182,6 +195,7 @@ class PermutationTracker:
             lr=torch.tensor(self._lr, dtype=torch.float64),
             tau={k: torch.stack(v) for k, v in self._tau.items()},
             changed={k: torch.stack(v) for k, v in self._changed.items()},
+            motion=torch.stack(self._motion),
         )
 
 

@@ -144,3 +144,13 @@ def test_phase_means_and_lr_schedule():
     assert lr.tolist() == [0.4] * 3 + [0.2] * 6 + [0.1] * 3
     vals = torch.arange(12, dtype=torch.float64)
     assert permfreq.phase_means(vals, lr) == {0.4: 1.0, 0.2: 5.5, 0.1: 10.0}
+
+
+def test_tracker_records_the_size_of_each_step():
+    spec = _optunet_spec()
+    theta = train.init_params(models.OptuNet, [0, 1])
+    tracker = permfreq.PermutationTracker(spec, keys=["max"], init=theta)
+    moved = {k: v.clone() for k, v in theta.items()}
+    moved["fc.bias"][1, 0] += 0.5
+    tracker(0, moved)
+    assert torch.allclose(tracker.result().motion, torch.tensor([[0.0, 0.5]], dtype=torch.float64))
