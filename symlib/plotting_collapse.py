@@ -51,7 +51,7 @@ def mi_vs_distance(mi_id: np.ndarray, dist_raw: np.ndarray, dist_canon: np.ndarr
         ax.scatter(mi_id, d, s=3, alpha=0.3, rasterized=True)
         if threshold is not None:
             ax.axvline(threshold, color="C3", lw=1.5)
-        ax.set(xlabel="MI on ID data (nats)", ylabel=r"$\lVert\theta_i - \theta_j\rVert_2$", title=title)
+        ax.set(xlabel="MI on ID data (nats)", ylabel=r"$\|\theta_i - \theta_j\|_2$", title=title)
     fig.tight_layout()
     return fig
 
