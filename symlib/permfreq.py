@@ -53,21 +53,18 @@ def kendall_tau(r: torch.Tensor, s: torch.Tensor, lengths: torch.Tensor | Sequen
     if r.shape != s.shape:
         raise ValueError(f"r and s must have the same shape, got {tuple(r.shape)} and {tuple(s.shape)}")
     n = r.shape[-1]
-    dr = torch.sign(r.unsqueeze(-1) - r.unsqueeze(-2)).to(torch.int8)
-    ds = torch.sign(s.unsqueeze(-1) - s.unsqueeze(-2)).to(torch.int8)
-    upper = torch.ones(n, n, dtype=torch.bool, device=r.device).triu(1)
+    # sign products of all ordered pairs (exact in float32: entries are -1, 0, 1); the matrix is
+    # symmetric with a zero diagonal, so the sum over i < j is half the sum over all (i, j)
+    r, s = r.to(torch.float32), s.to(torch.float32)
+    prod = torch.sign(r.unsqueeze(-1) - r.unsqueeze(-2)).mul_(torch.sign(s.unsqueeze(-1) - s.unsqueeze(-2)))
     if lengths is None:
-        agree = (dr * ds).masked_fill(~upper, 0).sum((-1, -2), dtype=torch.float64)
-        return agree / (n * (n - 1) / 2)
+        return prod.sum((-1, -2), dtype=torch.float64) / 2 / (n * (n - 1) / 2)
     lengths = torch.as_tensor(lengths, device=r.device)
     if bool((lengths < 2).any()) or bool((lengths > n).any()):
         raise ValueError(f"lengths must lie in [2, {n}], got {lengths.tolist()}")
-    idx = torch.arange(n, device=r.device)
-    valid = idx < lengths.unsqueeze(-1)  # (..., n)
-    mask = upper & valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    agree = (dr * ds).masked_fill(~mask, 0).sum((-1, -2), dtype=torch.float64)
-    pairs = lengths.to(torch.float64) * (lengths - 1) / 2
-    return agree / pairs
+    valid = (torch.arange(n, device=r.device) < lengths.unsqueeze(-1)).to(torch.float32)  # (..., n)
+    agree = (prod @ valid.unsqueeze(-1)).squeeze(-1).mul_(valid).sum(-1, dtype=torch.float64) / 2
+    return agree / (lengths.to(torch.float64) * (lengths - 1) / 2)
 
 
 def ranks(perms: torch.Tensor) -> torch.Tensor:
