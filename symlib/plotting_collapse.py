@@ -134,7 +134,9 @@ def marginals(values: Mapping[str, np.ndarray], pvalues: Mapping[str, np.ndarray
         axs[row, 0].set(xlabel="weight value", ylabel="density", title=f"{stage}: one curve per neuron")
         pv = np.asarray(pvalues[stage])
         im = axs[row, 1].imshow(np.log10(np.clip(pv, 1e-12, 1)), vmin=-12, vmax=0, cmap="magma")
-        axs[row, 1].set(xlabel="neuron", ylabel="neuron", title=r"KS $\log_{10} p$")
+        ticks = np.arange(0, pv.shape[0], max(1, pv.shape[0] // 4))
+        axs[row, 1].set(xlabel="neuron", ylabel="neuron", title=r"KS $\log_{10} p$",
+                        xticks=ticks, yticks=ticks)
         axs[row, 1].grid(False)
         fig.colorbar(im, ax=axs[row, 1], fraction=0.046)
     fig.tight_layout()
