@@ -13,7 +13,10 @@ import importlib
 from symlib import canonical, check, counting, data, models, ops, scales, spec, trace
 
 __version__ = "0.1.0"
-_LAZY = ("align", "minmass", "plotting", "toy", "train", "zoo", "cli", "metrics", "mmd", "predict")
+_LAZY = (
+    "align", "cli", "marginals", "metrics", "minmass", "mmd", "permfreq", "plotting", "plotting_collapse",
+    "posteriors", "predict", "toy", "train", "zoo",
+)
 __all__ = ["canonical", "check", "counting", "data", "models", "ops", "scales", "spec", "trace",
            *_LAZY, "__version__"]
 
