@@ -103,8 +103,17 @@ class BasicBlock(nn.Module):
 class _CifarResNet(nn.Module):
     """3x3 stem conv + BN + ReLU, stages of :class:`BasicBlock`, global average pool, linear head."""
 
-    def __init__(self, blocks: Sequence[int], widths: Sequence[int], num_classes: int, in_channels: int):
+    def __init__(
+        self,
+        blocks: Sequence[int],
+        widths: Sequence[int],
+        num_classes: int,
+        in_channels: int,
+        dropout: float = 0.0,
+    ):
         super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout}")
         if num_classes < 1 or in_channels < 1 or any(w < 1 for w in widths):
             raise ValueError(
                 f"num_classes, in_channels and widths must be positive, got {num_classes}, "
@@ -121,13 +130,14 @@ class _CifarResNet(nn.Module):
             setattr(self, f"layer{i + 1}", nn.Sequential(*layers))
         self.num_stages = len(blocks)
         self.pool = nn.AdaptiveAvgPool2d(1)
+        self.dropout = nn.Dropout(dropout)  # last-layer dropout (MC dropout); no parameters
         self.fc = nn.Linear(in_planes, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.bn1(self.conv1(x)))
         for i in range(self.num_stages):
             x = getattr(self, f"layer{i + 1}")(x)
-        return self.fc(torch.flatten(self.pool(x), 1))
+        return self.fc(self.dropout(torch.flatten(self.pool(x), 1)))
 
 
 class ResNet20(_CifarResNet):
@@ -151,10 +161,14 @@ class ResNet18(_CifarResNet):
         num_classes: outputs (100 for CIFAR-100, 200 for TinyImageNet).
         width: channels of the first stage (64 in the paper).
         in_channels: input channels (3 for RGB).
+        dropout: probability of dropping each pooled feature before the last layer (MC dropout uses 0.5,
+            paper App. B.1); 0 (default): none. It has no parameters: the state dict is the same.
     """
 
-    def __init__(self, num_classes: int = 100, width: int = 64, in_channels: int = 3):
-        super().__init__([2, 2, 2, 2], [width, 2 * width, 4 * width, 8 * width], num_classes, in_channels)
+    def __init__(self, num_classes: int = 100, width: int = 64, in_channels: int = 3, dropout: float = 0.0):
+        super().__init__(
+            [2, 2, 2, 2], [width, 2 * width, 4 * width, 8 * width], num_classes, in_channels, dropout
+        )
 
 
 @torch.no_grad()

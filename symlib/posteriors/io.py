@@ -1,0 +1,411 @@
+r"""Posterior sample sets on disk, in the zoo format (book: chapter "Table 1").
+
+A sample set is stored exactly like a checkpoint zoo (:mod:`symlib.zoo`), so that ``zoo.load(path)``
+returns ``(params, manifest)`` for a posterior as for a zoo:
+
+* ``chunk-00000.safetensors``, ...: ``chunk`` consecutive samples per file, every tensor stacked along
+  a new first axis (mode-major: samples ``i * n_per_mode ...`` come from mode ``i``), the file's metadata
+  holding the format, the set's identity hash, the chunk index, the (mode, index) of every sample and the
+  sha256 of its tensors (:func:`symlib.zoo.tensor_digest`);
+* ``manifest.json``: ``"kind": "posterior"``, the method and its hyper-parameters, the base models it
+  started from (seeds, and the folder they are cached in), ``n_modes``, ``n_per_mode``, the diagnostics,
+  the training problem (preset, scale, architecture, recipe, prior precision, data fingerprint), the
+  tensor names and shapes of one sample, the chunks, and whether the set is complete.
+
+Every file is written to a temporary name and renamed, so an interrupted write leaves complete files
+only, and :func:`save` skips the chunks that are already on disk and valid (resuming).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from symlib import scales as _scales
+from symlib.posteriors.base import Params, SampleSet, Setup
+from symlib.zoo.store import (
+    FORMAT,
+    MANIFEST,
+    ZooError,
+    _atomic_save,
+    _atomic_write_bytes,
+    _chunk_name,
+    _git_commit,
+    tensor_digest,
+)
+
+KIND = "posterior"
+
+
+def _jsonable(obj: Any) -> Any:
+    """JSON round trip (tuples become lists) so that hashes of saved and reloaded records agree."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def model_spec(arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The constructor of :mod:`symlib.models` and its arguments that rebuild a network with these
+    state-dict ``shapes`` (class name and keyword arguments), inferred from the shapes."""
+    if arch == "optunet":
+        return {"class": "OptuNet", "kwargs": {"num_classes": int(shapes["fc.weight"][0])}}
+    if arch in ("resnet18", "resnet20"):
+        return {
+            "class": {"resnet18": "ResNet18", "resnet20": "ResNet20"}[arch],
+            "kwargs": {
+                "num_classes": int(shapes["fc.weight"][0]),
+                "width": int(shapes["conv1.weight"][0]),
+                "in_channels": int(shapes["conv1.weight"][1]),
+            },
+        }
+    return {"class": None, "kwargs": {}}
+
+
+def setup_record(setup: Setup) -> dict[str, Any]:
+    """What a manifest records of the training problem."""
+    return _jsonable(
+        {
+            "name": setup.name,
+            "scale": setup.scale,
+            "arch": setup.arch,
+            "num_classes": setup.num_classes,
+            "n_train": setup.n_train,
+            "recipe": dataclasses.asdict(setup.recipe),
+            "prior_precision": setup.prior_precision,
+            "data": setup.data_info,
+        }
+    )
+
+
+def identity(
+    method: str,
+    n_modes: int,
+    n_per_mode: int,
+    hyper: dict[str, Any],
+    setup: dict[str, Any] | None,
+    base: dict[str, Any] | None,
+    seed: int | None,
+) -> str:
+    """First 16 hex digits of the sha256 of what determines a sample set (two runs with the same identity
+    produce the same samples): method, sizes, hyper-parameters, training problem, base models, seed."""
+    key = _jsonable(
+        {
+            "method": method,
+            "n_modes": n_modes,
+            "n_per_mode": n_per_mode,
+            "hyper": hyper,
+            "setup": setup,
+            "base": (base or {}).get("seeds"),
+            "seed": seed,
+        }
+    )
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a posterior sample set, checked to be one (:class:`symlib.zoo.ZooError` otherwise)."""
+    file = Path(path) / MANIFEST
+    if not file.is_file():
+        raise ZooError(
+            f"{file}: no manifest here; produce the set with `symlib posterior sample --out {path}`"
+        )
+    try:
+        man = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ZooError(f"{file}: corrupt manifest ({e})") from None
+    if man.get("format") != FORMAT or man.get("kind") != KIND:
+        raise ZooError(
+            f"{file}: not a posterior sample set (format {man.get('format')!r}, kind {man.get('kind')!r}); "
+            f"a checkpoint zoo loads with symlib.zoo.load"
+        )
+    return man
+
+
+def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
+    return [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
+
+
+def _manifest(
+    samples: SampleSet,
+    set_hash: str,
+    chunk: int,
+    done: list[int],
+    shapes: dict[str, list[int]],
+    dtypes: dict[str, str],
+    setup: dict[str, Any] | None,
+    base: dict[str, Any] | None,
+    seed: int | None,
+) -> dict[str, Any]:
+    import symlib
+
+    ranges = _chunks(samples.n_samples, chunk)
+    arch = (setup or {}).get("arch")
+    return {
+        "format": FORMAT,
+        "kind": KIND,
+        "method": samples.method,
+        "set_hash": set_hash,
+        "n_modes": samples.n_modes,
+        "n_per_mode": samples.n_per_mode,
+        "n_samples": samples.n_samples,
+        "seed": seed,
+        "hyper": _jsonable(samples.hyper),
+        "base": _jsonable({"seeds": list(samples.base_seeds), **(base or {})}),
+        "diagnostics": _jsonable(samples.diagnostics),
+        "setup": setup,
+        "arch": arch,
+        "data": (setup or {}).get("data"),
+        "model": model_spec(arch, {k: tuple(v) for k, v in shapes.items()}) if arch else None,
+        "shapes": shapes,
+        "dtypes": dtypes,
+        "chunk": chunk,
+        "chunks": [
+            {"chunk": c, "file": _chunk_name(c), "start": s, "stop": e}
+            for c, (s, e) in enumerate(ranges)
+            if c in done
+        ],
+        "complete": sorted(done) == list(range(len(ranges))),
+        "symlib_version": symlib.__version__,
+        "git_commit": _git_commit(),
+    }
+
+
+def save(
+    samples: SampleSet,
+    out_dir: str | os.PathLike,
+    *,
+    setup: Setup | None = None,
+    base: dict[str, Any] | None = None,
+    seed: int | None = None,
+    chunk: int | None = None,
+    key: str | None = None,
+) -> dict[str, Any]:
+    """Write a sample set into ``out_dir`` (created if needed), resuming a partial write.
+
+    Chunks already on disk that belong to this set (same identity hash) and pass :func:`read_chunk` are
+    kept; the others are written atomically, the manifest is rewritten after every chunk.
+
+    Args:
+        samples: the set.
+        out_dir: its directory.
+        setup: the training problem (recorded in the manifest).
+        base: where the base models come from, e.g. ``{"path": "...", "preset": ...}`` (their seeds are
+            ``samples.base_seeds``).
+        seed: the run's seed (recorded; part of the identity).
+        chunk: samples per file (default ``n_per_mode``: one mode per file).
+        key: the set's identity hash (default :func:`identity` of the samples' method, sizes and
+            hyper-parameters, the setup, the base seeds and ``seed``; :func:`symlib.posteriors.sampling.run`
+            passes the hash of its request, so that a finished set is found before recomputing it).
+
+    Returns:
+        The manifest.
+
+    Raises:
+        ZooError: if ``out_dir`` holds another sample set or a zoo.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    chunk = samples.n_per_mode if chunk is None else _scales.check_int("chunk", chunk, 1)
+    srec = setup_record(setup) if setup is not None else None
+    set_hash = key or identity(
+        samples.method,
+        samples.n_modes,
+        samples.n_per_mode,
+        samples.hyper,
+        srec,
+        {"seeds": list(samples.base_seeds)},
+        seed,
+    )
+    if (out / MANIFEST).exists():
+        try:
+            old = read_manifest(out)
+        except ZooError as e:
+            raise ZooError(f"{out}: holds something else ({e}); choose another --out") from None
+        if old.get("set_hash") != set_hash:
+            raise ZooError(
+                f"{out / MANIFEST}: this folder holds another sample set ({old.get('method')}, "
+                f"{old.get('n_modes')} x {old.get('n_per_mode')}, hash {old.get('set_hash')}), "
+                f"not this one ({samples.method}, {samples.n_modes} x {samples.n_per_mode}, {set_hash}); "
+                f"choose another --out"
+            )
+    for stale in [*out.glob(".chunk-*.tmp"), *out.glob(f".{MANIFEST}.*.tmp")]:
+        stale.unlink(missing_ok=True)
+    for k, v in samples.params.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise ValueError(
+                f"sample set {samples.method}: tensor {k!r} holds NaN or infinite values; not saved"
+            )
+    shapes = {k: list(v.shape[1:]) for k, v in samples.params.items()}
+    dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in samples.params.items()}
+    ranges = _chunks(samples.n_samples, chunk)
+    done: list[int] = []
+    for c, (s, e) in enumerate(ranges):
+        file = out / _chunk_name(c)
+        if file.exists():
+            try:
+                _read_chunk_file(file, set_hash, shapes, s, e)
+                done.append(c)
+                continue
+            except ZooError:
+                pass  # damaged or stale: rewrite it
+    write = lambda: _atomic_write_bytes(  # noqa: E731
+        out / MANIFEST,
+        json.dumps(
+            _manifest(samples, set_hash, chunk, done, shapes, dtypes, srec, base, seed), indent=1
+        ).encode(),
+    )
+    write()
+    modes = samples.modes
+    for c, (s, e) in enumerate(ranges):
+        if c in done:
+            continue
+        recs = [{"index": i, "mode": int(modes[i])} for i in range(s, e)]
+        meta = {
+            "format": FORMAT,
+            "kind": KIND,
+            "set_hash": set_hash,
+            "chunk": str(c),
+            "samples": json.dumps(recs),
+        }
+        _atomic_save({k: v[s:e] for k, v in samples.params.items()}, out / _chunk_name(c), meta)
+        done.append(c)
+        write()
+    return read_manifest(out)
+
+
+def _read_chunk_file(
+    path: Path, set_hash: str, shapes: dict[str, list[int]], start: int, stop: int
+) -> Params:
+    if not path.is_file():
+        raise ZooError(
+            f"{path}: missing, the sample set is incomplete; rerun `symlib posterior sample` with the same "
+            f"arguments to write it"
+        )
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise ZooError(
+            f"{path}: cannot read this file ({type(e).__name__}: {e}); delete it and rerun"
+        ) from None
+    if meta.get("format") != FORMAT or meta.get("kind") != KIND:
+        raise ZooError(f"{path}: not a posterior sample chunk (metadata {sorted(meta)})")
+    if meta.get("set_hash") != set_hash:
+        raise ZooError(f"{path}: belongs to sample set {meta.get('set_hash')}, not {set_hash}")
+    if meta.get("sha256") != tensor_digest(tensors):
+        raise ZooError(
+            f"{path}: its weights do not match the sha256 recorded when it was written, so the file is "
+            f"corrupt; delete it and rerun `symlib posterior sample`"
+        )
+    idx = [r["index"] for r in json.loads(meta["samples"])]
+    if idx != list(range(start, stop)):
+        raise ZooError(f"{path}: holds samples {idx[:3]}..., expected {start}..{stop - 1}")
+    if set(tensors) != set(shapes):
+        raise ZooError(f"{path}: tensors {sorted(tensors)} do not match the manifest's {sorted(shapes)}")
+    for k, v in tensors.items():
+        if list(v.shape) != [stop - start, *shapes[k]]:
+            raise ZooError(
+                f"{path}: tensor {k!r} has shape {tuple(v.shape)}, expected {(stop - start, *shapes[k])}"
+            )
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise ZooError(f"{path}: tensor {k!r} holds NaN or infinite weights")
+    return tensors
+
+
+def read_chunk(path: str | os.PathLike, manifest: dict[str, Any], c: int) -> Params:
+    """Read and check chunk ``c`` of the sample set described by ``manifest`` (format, identity hash,
+    checksum, sample indices, tensor names and shapes, finiteness)."""
+    start, stop = _chunks(manifest["n_samples"], manifest["chunk"])[c]
+    return _read_chunk_file(
+        Path(path) / _chunk_name(c), manifest["set_hash"], manifest["shapes"], start, stop
+    )
+
+
+def load_params(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Params, dict[str, Any]]:
+    """The stacked samples ``{name: (S, ...)}`` of a complete set and its manifest (what
+    ``symlib.zoo.load`` returns for a posterior set)."""
+    path = Path(path)
+    man = read_manifest(path)
+    n_chunks = len(_chunks(man["n_samples"], man["chunk"]))
+    have = sorted(ch["chunk"] for ch in man["chunks"])
+    if not man.get("complete") or have != list(range(n_chunks)):
+        missing = sorted(set(range(n_chunks)) - set(have))
+        raise ZooError(
+            f"{path / MANIFEST}: sample set is incomplete (chunks {missing} missing); finish it by rerunning "
+            f"`symlib posterior sample` with the same arguments"
+        )
+    parts = [read_chunk(path, man, c) for c in range(n_chunks)]
+    dev = _scales.check_device(device)
+    return {k: torch.cat([p[k] for p in parts]).to(dev) for k in parts[0]}, man
+
+
+def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> SampleSet:
+    """A saved sample set as a :class:`SampleSet` (every file checked)."""
+    params, man = load_params(path, device)
+    return SampleSet(
+        params=params,
+        method=man["method"],
+        n_modes=man["n_modes"],
+        n_per_mode=man["n_per_mode"],
+        hyper=man["hyper"],
+        base_seeds=list(man["base"].get("seeds", [])),
+        diagnostics=man["diagnostics"],
+    )
+
+
+def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
+    """One eval-mode ``nn.Module`` per sample (for ``zoo.load(path, as_="models")``)."""
+    from symlib import models as _models
+
+    spec = manifest.get("model") or {}
+    if not spec.get("class"):
+        raise ZooError(
+            f"sample set of architecture {manifest.get('arch')!r}: no symlib.models class to rebuild"
+        )
+    out = []
+    n = next(iter(params.values())).shape[0]
+    dev = next(iter(params.values())).device
+    dtype = next(v.dtype for v in params.values() if v.is_floating_point())
+    for i in range(n):
+        with torch.device("meta"):
+            m = getattr(_models, spec["class"])(**spec["kwargs"])
+        m = m.to_empty(device=dev).to(dtype)  # the samples' precision (float64 sets stay float64)
+        m.load_state_dict({k: v[i] for k, v in params.items()})
+        out.append(m.eval())
+    return out
+
+
+def is_posterior(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a posterior sample set (its manifest says ``"kind": "posterior"``)."""
+    file = Path(path) / MANIFEST
+    try:
+        return json.loads(file.read_text()).get("kind") == KIND
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def info(path: str | os.PathLike) -> str:
+    """A human-readable summary of a sample set directory (also of an incomplete one)."""
+    path = Path(path)
+    man = read_manifest(path)
+    n_chunks = len(_chunks(man["n_samples"], man["chunk"]))
+    st = man.get("setup") or {}
+    lines = [
+        f"posterior {path}: {man['method']} on {st.get('name') or '?'} at scale {st.get('scale')} "
+        f"(set {man['set_hash']})",
+        f"  {man['n_modes']} modes x {man['n_per_mode']} samples = {man['n_samples']} samples in "
+        f"{len(man['chunks'])}/{n_chunks} chunks" + (", complete" if man.get("complete") else ", incomplete"),
+        f"  arch {man.get('arch')}, prior precision {st.get('prior_precision')}, seed {man.get('seed')}",
+        f"  hyper {json.dumps(man['hyper'], sort_keys=True)}",
+        f"  base {json.dumps(man['base'], sort_keys=True)}",
+    ]
+    if man.get("diagnostics"):
+        lines.append(f"  diagnostics {json.dumps(man['diagnostics'], sort_keys=True)}")
+    lines.append(f"  symlib {man['symlib_version']}, git {man['git_commit']}")
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+r"""Checkpoint zoos: train, store, resume, shard, merge, load and cache networks (book: "Checkpoint zoos").
+
+The paper estimates the target posterior with many independently trained
+checkpoints (1,000 OptuNets on MNIST, paper §4). A *zoo* is a directory:
+
+* ``chunk-00000.safetensors``, ``chunk-00001.safetensors``, ...: the state of
+  ``ZooConfig.chunk`` consecutive models per file, every tensor stacked along a
+  new first axis, with the chunk's seeds and per-model metrics in the file's metadata;
+* ``manifest.json``: the configuration (architecture, recipe, seeds), the data
+  fingerprint, the final train/test accuracy and loss of every model, the chunks,
+  the symlib version and the git commit.
+
+Every file is written to a temporary name in the same folder and renamed
+(:func:`os.replace`), so a killed run leaves only complete files; restarting it
+skips the chunks already on disk. ``shard=(k, n)`` trains chunks ``k, k + n,
+k + 2n, ...`` only, so ``n`` machines (or a SLURM array) split a zoo;
+:func:`merge` checks the shards and combines them. :func:`load_or_train`
+caches zoos under ``$SYMLIB_CACHE`` (default ``~/.cache/symlib/zoos``), keyed
+by preset, scale and a hash of the configuration.
+
+The package splits these concepts into modules: :mod:`~symlib.zoo.config` (``ZooConfig``, presets),
+:mod:`~symlib.zoo.store` (atomic writes, chunks, checksums, manifest), :mod:`~symlib.zoo.training`
+(data, training, shards) and :mod:`~symlib.zoo.cache` (load, merge, cache, info). :func:`load` also
+reads the posterior sample sets of :mod:`symlib.posteriors.io`, which use the same format.
+"""
+
+from symlib.zoo.cache import cache_dir, cache_path, info, load, load_or_train, merge, models_from_stacked
+from symlib.zoo.config import (
+    ARCHS,
+    CPU_EPOCHS,
+    CPU_MODELS,
+    CPU_MOMENTUM,
+    PRESETS,
+    ZooConfig,
+    preset,
+)
+from symlib.zoo.store import FORMAT, MANIFEST, Params, ZooError, read_chunk, tensor_digest
+from symlib.zoo.training import load_data, train
+
+__all__ = [
+    "ARCHS",
+    "CPU_EPOCHS",
+    "CPU_MODELS",
+    "CPU_MOMENTUM",
+    "FORMAT",
+    "MANIFEST",
+    "PRESETS",
+    "Params",
+    "ZooConfig",
+    "ZooError",
+    "cache_dir",
+    "cache_path",
+    "info",
+    "load",
+    "load_data",
+    "load_or_train",
+    "merge",
+    "models_from_stacked",
+    "preset",
+    "read_chunk",
+    "tensor_digest",
+    "train",
+]

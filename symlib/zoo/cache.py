@@ -1,0 +1,223 @@
+"""Loading, merging, caching and summarising zoos (book: "Checkpoint zoos")."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symlib import scales as _scales
+from symlib.zoo.config import ZooConfig
+from symlib.zoo.store import (
+    MANIFEST,
+    Params,
+    ZooError,
+    _atomic_write_bytes,
+    _chunk_name,
+    _read_manifest,
+    _write_manifest,
+    read_chunk,
+)
+
+
+def _check_complete(path: Path, man: dict[str, Any], cfg: ZooConfig) -> None:
+    chunks = [ch["chunk"] for ch in man["chunks"]]
+    dup = sorted({c for c in chunks if chunks.count(c) > 1})
+    missing = sorted(set(range(cfg.n_chunks)) - set(chunks))
+    if dup:
+        raise ZooError(f"{path / MANIFEST}: chunks {dup} listed twice")
+    if missing:
+        lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
+        raise ZooError(
+            f"{path / MANIFEST}: zoo is incomplete, missing {len(lost)} models (seeds {lost[:10]}"
+            f"{'...' if len(lost) > 10 else ''}); finish it with `symlib zoo train` (or merge all shards)"
+        )
+
+
+def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.device = "cpu"):
+    """Load a whole zoo in one call, checking every file.
+
+    A posterior sample set (:mod:`symlib.posteriors.io`) loads the same way; its manifest is then the
+    set's (method, hyper-parameters, base models, modes).
+
+    Args:
+        path: the zoo directory.
+        as_: ``"stacked"``: a dict of tensors ``(n_models, ...)`` (the state dict of model ``i`` at index
+            ``i``); ``"models"``: a list of ``nn.Module`` in eval mode.
+        device: where to put the tensors.
+
+    Returns:
+        ``(params, manifest)`` or ``(models, manifest)``.
+
+    Raises:
+        ZooError: naming the file, for a missing/corrupt manifest or chunk, another architecture, NaN
+            weights, or missing models.
+    """
+    if as_ not in ("stacked", "models"):
+        raise ValueError(f"as_ must be 'stacked' or 'models', got {as_!r}")
+    path = Path(path)
+    from symlib.posteriors import io as _post_io
+
+    if _post_io.is_posterior(path):  # a posterior sample set: same format, its own manifest
+        params, man = _post_io.load_params(path, device)
+        return (params, man) if as_ == "stacked" else (_post_io.models(params, man), man)
+    man = _read_manifest(path)
+    try:
+        cfg = ZooConfig.from_dict(man["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ZooError(f"{path / MANIFEST}: bad config ({e})") from None
+    if cfg.hash != man.get("config_hash"):
+        raise ZooError(f"{path / MANIFEST}: config does not match its hash {man.get('config_hash')}")
+    _check_complete(path, man, cfg)
+    parts = []
+    for c in range(cfg.n_chunks):
+        tensors, recs = read_chunk(path / _chunk_name(c), cfg)
+        parts.append(tensors)
+    dev = _scales.check_device(device)
+    stacked = {k: torch.cat([p[k] for p in parts]).to(dev) for k in parts[0]}
+    if as_ == "stacked":
+        return stacked, man
+    return models_from_stacked(cfg, stacked), man
+
+
+def models_from_stacked(cfg: ZooConfig, stacked: Params) -> list[torch.nn.Module]:
+    """One eval-mode ``nn.Module`` per model of a stacked state dict."""
+    n = next(iter(stacked.values())).shape[0]
+    out = []
+    dev = next(iter(stacked.values())).device
+    for i in range(n):
+        with torch.device("meta"):
+            m = cfg.make_model()
+        m = m.to_empty(device=dev)
+        m.load_state_dict({k: v[i] for k, v in stacked.items()})
+        out.append(m.eval())
+    return out
+
+
+def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Check shards of one zoo and combine them into ``out_dir``.
+
+    Every shard must hold the same configuration and data; every chunk must be present exactly once
+    and pass :func:`read_chunk`.
+
+    Returns:
+        The merged manifest.
+    """
+    dirs = [Path(p) for p in shard_dirs]
+    if not dirs:
+        raise ValueError("merge needs at least one shard directory")
+    mans = [_read_manifest(p) for p in dirs]
+    cfg = ZooConfig.from_dict(mans[0]["config"])
+    owner: dict[int, Path] = {}
+    records: dict[int, list] = {}
+    for p, man in zip(dirs, mans, strict=True):
+        if man["config_hash"] != cfg.hash:
+            raise ZooError(f"{p / MANIFEST}: config {man['config_hash']} differs from {dirs[0]}'s {cfg.hash}")
+        fp = (man.get("data") or {}).get("fingerprint")
+        fp0 = (mans[0].get("data") or {}).get("fingerprint")
+        if fp != fp0:
+            raise ZooError(f"{p / MANIFEST}: trained on data {fp}, but {dirs[0]} on {fp0}")
+        for ch in man["chunks"]:
+            c = ch["chunk"]
+            if c in owner:
+                raise ZooError(
+                    f"chunk {c} (seeds {list(cfg.seeds[slice(*cfg.chunk_range(c))])}) is in both "
+                    f"{owner[c]} and {p}; each shard must train a disjoint slice"
+                )
+            owner[c] = p
+            records[c] = read_chunk(p / _chunk_name(c), cfg)[1]
+    missing = sorted(set(range(cfg.n_chunks)) - set(owner))
+    if missing:
+        lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
+        raise ZooError(
+            f"merging {len(dirs)} shards leaves {len(lost)} models missing (chunks {missing}, "
+            f"seeds {lost[:10]}{'...' if len(lost) > 10 else ''}); train the missing shards first"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / MANIFEST).exists() and _read_manifest(out)["config_hash"] != cfg.hash:
+        raise ZooError(f"{out / MANIFEST}: holds another zoo; choose another output folder")
+    for c, p in sorted(owner.items()):
+        src, dst = p / _chunk_name(c), out / _chunk_name(c)
+        if src.resolve() != dst.resolve():
+            _atomic_write_bytes(dst, src.read_bytes())
+    return _write_manifest(
+        out, cfg, sorted(owner), records, mans[0].get("data"), None, list(range(cfg.n_chunks))
+    )
+
+
+def cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The zoo cache: ``cache_dir``, else ``$SYMLIB_CACHE``, else ``~/.cache/symlib/zoos``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("SYMLIB_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "symlib" / "zoos"
+
+
+def cache_path(cfg: ZooConfig, cache: str | os.PathLike | None = None) -> Path:
+    """Where the cache keeps zoo ``cfg``: ``<cache>/<preset>-<scale>-<config hash>``."""
+    return cache_dir(cache) / f"{cfg.preset}-{cfg.scale}-{cfg.hash}"
+
+
+def load_or_train(
+    cfg: ZooConfig,
+    device: str | torch.device = "cpu",
+    cache_dir: str | os.PathLike | None = None,
+    as_: str = "stacked",
+    seed: int | None = None,
+    progress: bool = True,
+):
+    """The zoo ``cfg`` from the cache, training (or finishing) it first if needed.
+
+    Chapters share one zoo: the cache key is the preset, the scale and the config hash.
+
+    Args:
+        cfg: the zoo (:func:`preset`).
+        device: where to train and where to put the loaded tensors.
+        cache_dir: overrides ``$SYMLIB_CACHE``.
+        as_: ``"stacked"`` or ``"models"`` (see :func:`load`).
+        seed: if given, replaces ``cfg.seed`` (another, independent zoo).
+        progress: show a progress bar while training.
+
+    Returns:
+        ``(params, manifest)`` or ``(models, manifest)``, as :func:`load`.
+    """
+    if seed is not None:
+        cfg = dataclasses.replace(cfg, seed=seed)
+    path = cache_path(cfg, cache_dir)
+    man = _read_manifest(path) if (path / MANIFEST).exists() else None
+    if man is None or not man.get("complete"):
+        import symlib.zoo as _zoo  # through the package, so that a patched ``zoo.train`` is seen
+
+        _zoo.train(cfg, path, device=device, progress=progress)
+    return load(path, as_=as_, device=device)
+
+
+def info(path: str | os.PathLike) -> str:
+    """A human-readable summary of a zoo directory (also of an incomplete one or a shard) or of a posterior
+    sample set."""
+    path = Path(path)
+    from symlib.posteriors import io as _post_io
+
+    if _post_io.is_posterior(path):
+        return _post_io.info(path)
+    man = _read_manifest(path)
+    cfg = ZooConfig.from_dict(man["config"])
+    n = len(man["models"])
+    lines = [
+        f"zoo {path}: {man['preset']} at scale {man['scale']} (config {man['config_hash']})",
+        f"  arch {man['arch']}, {n}/{cfg.n_models} models in {len(man['chunks'])}/{cfg.n_chunks} chunks"
+        + (f", shard {man['shard'][0]}/{man['shard'][1]}" if man.get("shard") else "")
+        + (", complete" if man.get("complete") else ", incomplete"),
+        f"  recipe {cfg.recipe}",
+        f"  data {man.get('data')}",
+    ]
+    if n:
+        acc = torch.tensor([m["test_acc"] for m in man["models"]])
+        lines.append(f"  test accuracy: mean {acc.mean():.4f}, min {acc.min():.4f}, max {acc.max():.4f}")
+    lines.append(f"  symlib {man['symlib_version']}, git {man['git_commit']}")
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""Training a zoo: data, stacked chunks, shards and resuming (book: "Checkpoint zoos")."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symlib import scales as _scales
+from symlib import train as _train
+from symlib.zoo.config import ZooConfig
+from symlib.zoo.store import (
+    FORMAT,
+    MANIFEST,
+    Params,
+    ZooError,
+    _atomic_save,
+    _chunk_name,
+    _read_manifest,
+    _write_manifest,
+    read_chunk,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Data:
+    x: torch.Tensor
+    y: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    fill: tuple[float, ...]
+    info: dict[str, Any]
+
+
+def _synthetic(cfg: ZooConfig, n: int, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + salt)
+    x = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
+    return x, torch.randint(0, cfg.num_classes, (n,), generator=g)
+
+
+def load_data(cfg: ZooConfig, device: str | torch.device = "cpu") -> _Data:
+    """The training and test tensors of a zoo, on ``device``, with the data fingerprint."""
+    if cfg.source == "synthetic":
+        x, y = _synthetic(cfg, cfg.n_train or 256, 0)
+        xt, yt = _synthetic(cfg, cfg.n_test or 128, 1)
+        h = hashlib.sha256()
+        for t in (x, y, xt, yt):
+            h.update(t.numpy().tobytes())
+        fill = (0.0,) * cfg.channels
+        info = {"name": cfg.dataset, "source": "synthetic", "fingerprint": h.hexdigest()}
+    else:
+        from symlib import data
+
+        tr = data.load(cfg.dataset, "train", source=cfg.source)
+        te = data.load(cfg.dataset, "test", source=cfg.source)
+        x, y = tr.x[: cfg.n_train], tr.y[: cfg.n_train]
+        xt, yt = te.x[: cfg.n_test], te.y[: cfg.n_test]
+        fill = tuple(float(v) for v in tr.black)
+        info = {
+            "name": tr.name,
+            "source": tr.source,
+            "fingerprint": tr.fingerprint,
+            "test_fingerprint": te.fingerprint,
+        }
+    info.update(n_train=int(x.shape[0]), n_test=int(xt.shape[0]))
+    dev = torch.device(device)
+    return _Data(x.to(dev), y.to(dev), xt.to(dev), yt.to(dev), fill, info)
+
+
+def _shard_chunks(cfg: ZooConfig, shard: tuple[int, int] | None) -> list[int]:
+    if shard is None:
+        return list(range(cfg.n_chunks))
+    k, n = shard
+    if not (isinstance(k, int) and isinstance(n, int) and n >= 1 and 0 <= k < n):
+        raise ValueError(
+            f"shard must be (k, n) with 0 <= k < n, got {shard!r} (k counts from 0, like "
+            f"$SLURM_ARRAY_TASK_ID with --array=0-{max(n, 1) - 1})"
+        )
+    return list(range(k, cfg.n_chunks, n))
+
+
+def _train_chunk(
+    cfg: ZooConfig, seeds: Sequence[int], d: _Data, device: torch.device, bar
+) -> tuple[Params, list]:
+    rec = cfg.recipe
+    if cfg.arch == "optunet":
+        theta = _train.init_params(cfg.make_model, seeds)
+        theta = _train.train_stacked(
+            theta,
+            seeds,
+            d.x,
+            d.y,
+            rec,
+            fill=d.fill[0],
+            arch="optunet",
+            on_epoch=lambda e: bar.update(len(seeds)),
+        )
+        tr_acc, tr_loss = _train.evaluate_stacked(theta, d.x, d.y)
+        te_acc, te_loss = _train.evaluate_stacked(theta, d.x_test, d.y_test)
+        metrics = [tr_acc.tolist(), tr_loss.tolist(), te_acc.tolist(), te_loss.tolist()]
+    else:
+        states, metrics_t = [], []
+        for s in seeds:
+            model = _train.train_plain(_train.init_model(cfg.make_model, s), s, d.x, d.y, rec, fill=d.fill)
+            metrics_t.append(
+                _train.evaluate_model(model, d.x, d.y) + _train.evaluate_model(model, d.x_test, d.y_test)
+            )
+            states.append(model.state_dict())
+            bar.update(rec.epochs)
+        theta = {k: torch.stack([st[k] for st in states]) for k in states[0]}
+        metrics = [list(col) for col in zip(*metrics_t, strict=True)]
+    records = [
+        {
+            "seed": int(s),
+            "train_acc": metrics[0][i],
+            "train_loss": metrics[1][i],
+            "test_acc": metrics[2][i],
+            "test_loss": metrics[3][i],
+        }
+        for i, s in enumerate(seeds)
+    ]
+    return theta, records
+
+
+def train(
+    cfg: ZooConfig,
+    out_dir: str | os.PathLike,
+    shard: tuple[int, int] | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the zoo ``cfg`` (or one shard of it) into ``out_dir``, resuming what is already there.
+
+    Chunks already on disk are checked (:func:`read_chunk`) and skipped; each new chunk is written
+    atomically as soon as it is trained, and the manifest is rewritten after every chunk. Temporary
+    files left by a killed run are deleted, so only one run may write to a folder at a time (use
+    ``shard`` and separate folders to train in parallel).
+
+    Args:
+        cfg: the zoo (:func:`preset`).
+        out_dir: the zoo directory (created if needed).
+        shard: ``(k, n)``: train only chunks ``c`` with ``c % n == k`` (``0 <= k < n``).
+        device: ``"cpu"`` or ``"cuda"``.
+        progress: show a tqdm bar of model-epochs (``TQDM_DISABLE=1`` hides it).
+
+    Returns:
+        The manifest (also in ``out_dir/manifest.json``).
+    """
+    from symlib.progress import bar as progress_bar
+
+    dev = _scales.check_device(device)
+    mine = _shard_chunks(cfg, shard)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / MANIFEST).exists():
+        old = _read_manifest(out)
+        if old["config_hash"] != cfg.hash:
+            raise ZooError(
+                f"{out / MANIFEST}: this folder holds zoo {old['preset']}/{old['scale']} "
+                f"(config {old['config_hash']}), not {cfg.preset}/{cfg.scale} ({cfg.hash}); "
+                f"choose another --out"
+            )
+    for stale in [*out.glob(".chunk-*.tmp"), *out.glob(f".{MANIFEST}.*.tmp")]:
+        stale.unlink(missing_ok=True)  # left by a killed run (one run per folder at a time)
+    records: dict[int, list] = {}
+    for c in mine:
+        if (out / _chunk_name(c)).exists():
+            records[c] = read_chunk(out / _chunk_name(c), cfg)[1]
+    todo = [c for c in mine if c not in records]
+    data_info = None
+    if (out / MANIFEST).exists():
+        data_info = _read_manifest(out).get("data")
+    if todo:
+        d = load_data(cfg, dev)
+        if data_info is not None and data_info.get("fingerprint") != d.info["fingerprint"]:
+            raise ZooError(
+                f"{out / MANIFEST}: was trained on data {data_info.get('fingerprint')}, but the data "
+                f"now loads as {d.info['fingerprint']}; choose another --out"
+            )
+        data_info = d.info
+    done = lambda: sorted(records)  # noqa: E731
+    _write_manifest(out, cfg, done(), records, data_info, shard, mine)
+    per_chunk = cfg.recipe.epochs
+    total = sum(cfg.chunk_range(c)[1] - cfg.chunk_range(c)[0] for c in mine) * per_chunk
+    initial = sum(len(records[c]) for c in records) * per_chunk
+    with progress_bar(
+        total,
+        f"zoo {cfg.preset}/{cfg.scale}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
+        enabled=progress,
+        initial=initial,
+        unit="model-epoch",
+    ) as bar:
+        for c in todo:
+            start, stop = cfg.chunk_range(c)
+            theta, recs = _train_chunk(cfg, cfg.seeds[start:stop], d, dev, bar)
+            meta = {
+                "format": FORMAT,
+                "config_hash": cfg.hash,
+                "chunk": str(c),
+                "arch": cfg.arch,
+                "models": json.dumps(recs),
+            }
+            _atomic_save(theta, out / _chunk_name(c), meta)
+            records[c] = recs
+            _write_manifest(out, cfg, done(), records, data_info, shard, mine)
+    return _read_manifest(out)
