@@ -3,8 +3,9 @@ r"""Training recipes and the fast many-model trainer (book: "Checkpoint zoos").
 A *zoo* is many independently trained networks. Each member ``m`` has its own
 seed, from which two independent streams are derived (:func:`streams`): one draws
 the initial weights (PyTorch's default initialisation of the module), the other
-the data order (a fresh permutation of the training set every epoch) and the
-augmentation (a random crop offset per image). Given the same seed, the plain
+keys the data order (a fresh permutation of the training set every epoch) and the
+augmentation (a random crop offset per image), computed by a counter-based hash
+(:func:`epoch_plans`) that gives the same integers on every device. Given the same seed, the plain
 single-model loop (:func:`train_plain`) and the stacked trainer
 (:func:`train_stacked`) see exactly the same batches and crops.
 
@@ -25,19 +26,26 @@ mini-batch, with a few batched matrix products:
 
 The structured matrices are built from the weights by a constant index pattern (exact, :func:`_place`).
 
-**Training** (:func:`train_stacked`) does not go through autograd: :func:`_optunet_loss_grads`
+**Training** (:func:`train_stacked`) does not go through autograd on CPU: :func:`_optunet_loss_grads`
 computes the loss and its gradient by a hand-written backward pass (softmax, products,
 ReLU masks, the max-pool's recorded maxima), in a layout that keeps the images of a
 mini-batch innermost (``(model, feature, ..., image)``), so that every elementwise op, the
 pooling (PyTorch's channels-last kernel, with the images as channels) and the products run
-over contiguous runs of ``B`` values; the crops are one ``index_select`` of image rows
-(:func:`_crop_segments`). The optimiser (:func:`sgd_step`) reproduces ``torch.optim.SGD``
-on stacked tensors (weight decay, momentum, Nesterov). Tests check the gradient against
-autograd and whole runs against :func:`train_plain`, in float64.
+over contiguous runs of ``B`` values. Conv 1 there is one product of its shared ``(12, 36)``
+diagonal block with four overlapping slices of the column matrix (2.25x the useful
+multiply-adds, not the 7x of the full Toeplitz matrix). The crops are one ``index_select`` of
+image rows (:func:`_crop_segments`). On CPU the models of a step are split into groups computed
+side by side by worker threads with one intra-op thread each. On CUDA the step is a few grouped
+convolutions with the models as groups, differentiated by autograd (``impl="conv"``, full FP32
+unless ``tf32=True``). The optimiser reproduces ``torch.optim.SGD`` (:func:`sgd_step`; weight
+decay, momentum, Nesterov) on one flat parameter buffer. Tests check the gradient against
+autograd, the two implementations against each other and whole runs against :func:`train_plain`,
+in float64.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -169,7 +177,10 @@ def init_params(make: Callable[[], nn.Module], seeds: Sequence[int]) -> Params:
 
 
 def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One epoch's data order and augmentation for one model, drawn from its generator.
+    """One epoch's data order and augmentation for one model, drawn from a ``torch.Generator``.
+
+    The trainers use the device-independent counter-based :func:`epoch_plans` instead; this
+    generator-based draw stays for code that holds its own generator.
 
     Returns:
         ``perm`` (n,): the order of the training images; ``aug`` (n, 3) int64: per image (in ``perm``
@@ -182,6 +193,66 @@ def epoch_plan(gen: torch.Generator, n: int, padding: int, flip: bool) -> tuple[
     if flip:
         aug[:, 2] = torch.randint(0, 2, (n,), generator=gen)
     return perm, aug
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _hash32(v: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values in ``0 .. 2**32 - 1``.
+
+    Every product stays below ``2**63`` (a 32-bit value times a constant below ``2**31``) and every shift
+    is of a non-negative value, so the result is the same exact integer on every device and backend.
+    """
+    v = (v ^ (v >> 16)) * 0x7FEB352D & _M32
+    v = (v ^ (v >> 15)) * 0x5BD1E995 & _M32
+    return v ^ (v >> 16)
+
+
+def _counter_hash(keys: torch.Tensor, epoch: int, counter: torch.Tensor) -> torch.Tensor:
+    """``hash(key, epoch, counter)`` in ``0 .. 2**32 - 1``: ``keys`` (M,) 63-bit data-stream seeds,
+    ``counter`` any int64 tensor broadcast against ``keys[:, None]``."""
+    h = _hash32(keys & _M32) ^ _hash32((keys >> 32) ^ 0x3C6EF372)
+    h = _hash32(h[:, None] ^ _hash32(torch.full_like(h[:, None], epoch & _M32) ^ 0x1B873593))
+    return _hash32(h ^ counter)
+
+
+def epoch_plans(
+    seeds: Sequence[int],
+    epoch: int,
+    n: int,
+    padding: int,
+    flip: bool,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""One epoch's data order and augmentation for every model, computed on ``device``.
+
+    Counter-based: with :math:`h_m(e, k)` a 32-bit hash of (model ``m``'s data-stream seed
+    (:func:`streams`), epoch ``e``, counter ``k``), the order of the training set is image ``i``
+    sorted by the key :math:`h_m(e, i)\,n + i` (distinct keys, so the sort is unique), and the image at
+    position ``t`` gets the crop offsets :math:`\lfloor h_m(e, n + 3t + a)\,(2p + 1) / 2^{32} \rfloor`
+    (``a`` = 0 rows, 1 columns) and the flip coin :math:`\lfloor h_m(e, n + 3t + 2) / 2^{31} \rfloor`.
+    Only exact int64 arithmetic is involved, so the plan is the same on every device (the stacked
+    trainer on CPU or CUDA and the plain loop see the same batches), and no per-model generator is
+    needed (1,000 models x 60,000 images is a few elementwise operations and one sort).
+
+    Returns:
+        ``perms`` (M, n) int64, the order of the training images; ``augs`` (M, n, 3) int64, per position
+        the crop offsets (row, column) in ``0 .. 2 * padding`` and the flip coin (0/1).
+    """
+    keys = torch.tensor([streams(s)[1] for s in seeds], dtype=torch.int64, device=device)
+    m = len(seeds)
+    ar = torch.arange(n, dtype=torch.int64, device=device)
+    perms = (_counter_hash(keys, epoch, ar) * n + ar).argsort(dim=1)
+    augs = torch.zeros(m, n, 3, dtype=torch.int64, device=device)
+    if padding or flip:
+        h = _counter_hash(keys, epoch, n + torch.arange(3 * n, dtype=torch.int64, device=device))
+        h = h.view(m, n, 3)
+        if padding:
+            augs[..., :2] = (h[..., :2] * (2 * padding + 1)) >> 32
+        if flip:
+            augs[..., 2] = h[..., 2] >> 31
+    return perms, augs
 
 
 def pad_images(x: torch.Tensor, padding: int, fill: float | Sequence[float] = 0.0) -> torch.Tensor:
@@ -375,14 +446,19 @@ def _optunet_loss_grads(
     """
     w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
     m, b = x.shape[0], x.shape[1]
-    i1, i1_block, i2, _ = _optunet_pattern_indices(str(w1.device))
-    # conv 1: (M, 48, 112) @ (M, 112, 24B), rows (s, c, r) for output row 6 s + r, columns (i', kj);
-    # only output rows/columns 0..23 survive the pooling
-    a1 = _place(w1.reshape(m * 2, 16), i1).view(m, 2, 4, 6, 112).transpose(1, 2).reshape(m, 48, 112)
+    _, i1_block, i2, _ = _optunet_pattern_indices(str(w1.device))
+    # conv 1, block by block: output rows 6 s + r (s = 0..3, r = 0..5) only meet input rows 6 s .. 6 s + 8,
+    # and the (12, 36) block A1 (rows (c, r), columns (i' - 6 s, kj)) is the same for every s, so the layer
+    # is one product of A1 with the four overlapping 36-row slices X_s of the column matrix, side by side:
+    # (M*4, 12, 36) @ (M*4, 36, 24B) (2.25x the useful multiply-adds; only output rows/columns 0..23
+    # survive the pooling).
+    a1 = _place(w1.reshape(m * 2, 16), i1_block).view(m, 1, 12, 36)
     xn = x[:, :, 0].permute(0, 2, 3, 1).contiguous()  # (M, i', j', B)
-    cols = xn.unfold(2, 4, 1)[:, :, :24].permute(0, 1, 4, 2, 3).reshape(m, 112, 24 * b)
+    # X[m, s, (di, kj), (j, b)] = x_b[6 s + di, j + kj]: one strided copy of xn
+    cols = xn.as_strided((m, 4, 9, 4, 24, b), (784 * b, 168 * b, 28 * b, b, b, 1)).reshape(m * 4, 36, 24 * b)
     # (M*8, B, 6, 24) channels-last: one image per (model, s, c), rows r; windows never straddle two s
-    z = torch.bmm(a1, cols).view(m * 8, 6, 24, b).permute(0, 3, 1, 2)
+    z = torch.bmm(a1.expand(m, 4, 12, 36).reshape(m * 4, 12, 36), cols).view(m * 8, 6, 24, b)
+    z = z.permute(0, 3, 1, 2)
     pooled, where = torch.ops.aten.max_pool2d_with_indices(z, [3, 3], [3, 3])
     pooled_t = pooled.permute(0, 2, 3, 1).reshape(m, 4, 2, 2, 8, b).transpose(1, 2).reshape(m * 2, 64, b)
     a = pooled_t.clamp_min(0)  # (M*2, (p, q), B)
@@ -407,16 +483,16 @@ def _optunet_loss_grads(
     du = (d_feats.view(m * 2, 5, 1, b) / 16).expand(m * 2, 5, 16, b).reshape(m * 2, 80, b)
     du = torch.ops.aten.threshold_backward(du, u, 0)  # ReLU: pass where u > 0
     g_t2 = torch.bmm(a, du.transpose(1, 2))  # (M*2, 64, 80)
-    g_w2 = _place_grad(g_t2.view(m * 2, 64, 5, 16).transpose(1, 2).reshape(m * 10, 1024), i2, 25)
+    # summed back onto the kernel: entry (o, ki, kj) collects g_t2[(p + ki, q + kj), (o, p, q)] over (p, q),
+    # a strided view (offset 640 ki + 80 kj + 16 o + 644 p + 81 q) summed over its last two axes
+    g_w2 = g_t2.as_strided((m * 2, 5, 5, 5, 4, 4), (5120, 16, 640, 80, 644, 81)).sum((4, 5))
     da = torch.ops.aten.threshold_backward(torch.bmm(t2, du), pooled_t, 0)  # (M*2, 64, B)
     da = da.view(m, 2, 4, 2, 8, b).transpose(1, 2).reshape(m * 8, 2, 8, b).permute(0, 3, 1, 2)
     dz = torch.ops.aten.max_pool2d_with_indices_backward(da, z, [3, 3], [3, 3], [0, 0], [1, 1], False, where)
-    dz = dz.permute(0, 2, 3, 1).reshape(m, 4, 12, 24 * b)
-    # conv 1's weight gradient, block by block: rows (c, r) of block s only meet input rows 6s .. 6s + 8
-    g_block = torch.bmm(dz[:, 0], cols[:, 0:36].transpose(1, 2))  # (M, 12, 36)
-    for s in range(1, 4):
-        g_block.baddbmm_(dz[:, s], cols[:, 24 * s : 24 * s + 36].transpose(1, 2))
-    g_w1 = _place_grad(g_block.reshape(m * 2, 6 * 36), i1_block, 16)
+    dz = dz.permute(0, 2, 3, 1).reshape(m * 4, 12, 24 * b)
+    # conv 1's weight gradient: dA1 = sum_s dZ_s X_s^T
+    g_block = torch.bmm(dz, cols.transpose(1, 2)).view(m, 4, 12 * 36).sum(1)  # (M, (c, r, di, kj))
+    g_w1 = _place_grad(g_block.view(m * 2, 6 * 36), i1_block, 16)
     grads = {
         "conv1.weight": g_w1.view(w1.shape),
         "conv2.weight": g_w2.view(w2.shape),
@@ -427,6 +503,68 @@ def _optunet_loss_grads(
 
 
 STACKED_GRADS = {"optunet": _optunet_loss_grads}
+
+
+@contextlib.contextmanager
+def _fp32_precision(tf32: bool):
+    """Full FP32 products and convolutions on CUDA (PyTorch lets cuDNN use TF32 by default), or TF32 where
+    ``tf32`` is set; restores the previous settings. A no-op without CUDA."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _optunet_loss_grads_conv(
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    feat_mask: torch.Tensor | None = None,
+    tf32: bool = False,
+) -> tuple[torch.Tensor, Params]:
+    r""":func:`_optunet_loss_grads` as grouped convolutions with the models as groups (the CUDA path).
+
+    The ``M`` models' batches are the channels of one batch of ``B`` images, ``(B, M, 28, 28)``: conv 1 is
+    one convolution with ``M`` groups (1 -> 2 channels), conv 2 one with ``2M`` groups (1 -> 5), so cuDNN
+    runs every model in a handful of kernels; the gradient comes from autograd through these operators
+    (the same function as OptuNet, max-pool ties included). Full FP32 unless ``tf32``.
+    """
+    w1, w2, fw, fb = (params[k] for k in OPTUNET_SHAPES)
+    m, b = x.shape[0], x.shape[1]
+    leaves = [t.detach().requires_grad_(True) for t in (w1, w2, fw, fb)]
+    with torch.enable_grad(), _fp32_precision(tf32):
+        h = F.conv2d(x[:, :, 0].transpose(0, 1), leaves[0].reshape(m * 2, 1, 4, 4), groups=m)
+        h = F.max_pool2d(F.relu(h), 3)  # (B, 2M, 8, 8)
+        h = F.conv2d(h, leaves[1].reshape(m * 10, 1, 5, 5), groups=2 * m)  # (B, 10M, 4, 4)
+        feats = F.relu(h).mean((2, 3)).view(b, m, 10).transpose(0, 1)  # (M, B, 10)
+        if feat_mask is not None:
+            feats = feats * feat_mask.transpose(1, 2)
+        logits = torch.baddbmm(leaves[3][:, None, :], feats, leaves[2].transpose(1, 2))  # (M, B, 10)
+        loss = F.cross_entropy(logits.reshape(m * b, 10), y.reshape(-1), reduction="none").view(m, b).mean(1)
+        grads = torch.autograd.grad(loss.sum(), leaves)
+    return loss.detach(), dict(zip(OPTUNET_SHAPES, grads, strict=True))
+
+
+# Implementations of the stacked step: "matmul" (hand-written, the CPU default) and "conv" (grouped
+# convolutions + autograd, the CUDA default).
+STACKED_IMPLS = {"matmul": STACKED_GRADS, "conv": {"optunet": _optunet_loss_grads_conv}}
+
+
+def _stacked_grads(arch: str, impl: str | None, device: torch.device) -> Callable:
+    """The loss-and-gradient function of ``arch`` for ``impl`` (``None`` / ``"auto"``: ``"conv"`` on CUDA,
+    ``"matmul"`` elsewhere)."""
+    if impl in (None, "auto"):
+        impl = "conv" if device.type == "cuda" else "matmul"
+    if impl not in STACKED_IMPLS:
+        raise ValueError(f"impl must be one of {sorted(STACKED_IMPLS)} or 'auto', got {impl!r}")
+    if arch not in STACKED_IMPLS[impl]:
+        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    return STACKED_IMPLS[impl][arch]
 
 
 def sgd_step(
@@ -451,16 +589,13 @@ def sgd_step(
     return new_p, new_b
 
 
-def _generators(seeds: Sequence[int]) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(streams(s)[1]) for s in seeds]
-
-
 def loss_and_grads(
     params: Params,
     x: torch.Tensor,
     y: torch.Tensor,
     arch: str = "optunet",
     feat_mask: torch.Tensor | None = None,
+    impl: str | None = None,
 ) -> tuple[torch.Tensor, Params]:
     """Mean cross-entropy of ``M`` stacked models, each on its own batch, and its gradient.
 
@@ -470,15 +605,16 @@ def loss_and_grads(
         arch: a key of :data:`STACKED_GRADS`.
         feat_mask: optional dropout multiplier of the features before the last layer (see
             :func:`_optunet_loss_grads`).
+        impl: ``"matmul"`` (hand-written products), ``"conv"`` (grouped convolutions) or ``None``: the
+            device's default (``"conv"`` on CUDA).
 
     Returns:
         ``(loss (M,), grads)`` with ``grads`` shaped like ``params``.
     """
-    if arch not in STACKED_GRADS:
-        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    fn = _stacked_grads(arch, impl, x.device)
     if feat_mask is None:
-        return STACKED_GRADS[arch](params, x, y)
-    return STACKED_GRADS[arch](params, x, y, feat_mask=feat_mask)
+        return fn(params, x, y)
+    return fn(params, x, y, feat_mask=feat_mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,22 +659,58 @@ def minibatches(
     Yields:
         :class:`Batch` for every step.
     """
-    dev = x.device
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
-    gens = _generators(seeds)
-    cut = _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
+    cut = _cutter(x, recipe)
+    for epoch, step, lr, last, idx, aug in _steps(seeds, n, recipe, epochs, x.device):
+        yield Batch(epoch, step, lr, last, cut(xpad, idx, aug, size), y[idx])
+
+
+def _cutter(x: torch.Tensor, recipe: Recipe) -> Callable:
+    return _crop_segments if x.shape[1] == 1 and not recipe.flip else crop
+
+
+def _steps(seeds: Sequence[int], n: int, recipe: Recipe, epochs: int | None, device: torch.device):
+    """``(epoch, step, lr, last_in_epoch, idx (M, B), aug (M, B, 3))`` per step of :func:`minibatches`."""
     step = 0
     for epoch in range(recipe.epochs if epochs is None else epochs):
         lr = recipe.lr_at(epoch)
-        plans = [epoch_plan(g, n, recipe.crop_padding, recipe.flip) for g in gens]
-        perms = torch.stack([p for p, _ in plans]).to(dev)
-        augs = torch.stack([a for _, a in plans]).to(dev)
+        perms, augs = epoch_plans(seeds, epoch, n, recipe.crop_padding, recipe.flip, device)
         for start in range(0, n, recipe.batch_size):
-            idx = perms[:, start : start + recipe.batch_size]
-            xb = cut(xpad, idx, augs[:, start : start + recipe.batch_size], size)
-            yield Batch(epoch, step, lr, start + recipe.batch_size >= n, xb, y[idx])
+            stop = start + recipe.batch_size
+            yield epoch, step, lr, stop >= n, perms[:, start:stop], augs[:, start:stop]
             step += 1
+
+
+class _FlatSGD:
+    """:func:`sgd_step` on one flat ``(M, P)`` buffer: a step is a handful of operations on all the
+    parameters at once, whatever their number; :meth:`params` are views of a fresh buffer every step
+    (never modified afterwards, as :func:`sgd_step` gives new tensors)."""
+
+    def __init__(self, params: Params, recipe: Recipe):
+        self.names = list(params)
+        self.shapes = [params[k].shape for k in self.names]
+        self.m = self.shapes[0][0]
+        self.flat = torch.cat([params[k].reshape(self.m, -1) for k in self.names], 1)
+        self.sizes = [math.prod(s[1:]) for s in self.shapes]
+        self.recipe, self.buf = recipe, None
+
+    def params(self) -> Params:
+        parts = self.flat.split(self.sizes, 1)
+        return {k: p.view(s) for k, p, s in zip(self.names, parts, self.shapes, strict=True)}
+
+    def step(self, grads: Sequence[Params], lr: float) -> Params:
+        """One step from the gradients of consecutive groups of models (together all ``M``)."""
+        r = self.recipe
+        rows = [torch.cat([g[k].reshape(g[k].shape[0], -1) for k in self.names], 1) for g in grads]
+        d = rows[0] if len(rows) == 1 else torch.cat(rows, 0)  # (M, P)
+        if r.weight_decay:
+            d.add_(self.flat, alpha=r.weight_decay)
+        if r.momentum:
+            self.buf = d.clone() if self.buf is None else self.buf.mul_(r.momentum).add_(d)
+            d = d.add_(self.buf, alpha=r.momentum) if r.nesterov else self.buf
+        self.flat = self.flat.add(d, alpha=-lr)
+        return self.params()
 
 
 def train_stacked(
@@ -553,6 +725,9 @@ def train_stacked(
     max_steps: int | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_step: Callable[[int, Params], None] | None = None,
+    impl: str | None = None,
+    tf32: bool = False,
+    workers: int | None = None,
 ) -> Params:
     """Train ``M = len(seeds)`` models at once, each on its own mini-batches and crops.
 
@@ -568,29 +743,70 @@ def train_stacked(
         on_epoch: called with the epoch index after every epoch (progress bars).
         on_step: called after every step with the global step index and the updated stacked
             parameters (do not modify them; cheap per-step statistics such as permutation tracking).
+        impl: the step's implementation, ``"matmul"`` or ``"conv"`` (default: ``"conv"`` on CUDA,
+            ``"matmul"`` elsewhere; both compute the same gradient).
+        tf32: let the CUDA path use TF32 products (faster, about 3 decimal digits); default full FP32.
+        workers: on CPU, split the models into this many groups computed side by side by as many
+            threads, one intra-op thread each (default: ``torch.get_num_threads()``; 1 on CUDA). The
+            models are independent, so the result does not depend on it.
 
     Returns:
         The trained stacked parameters.
     """
-    if arch not in STACKED_GRADS:
-        raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
+    fn = _stacked_grads(arch, impl, x.device)
+    if tf32:
+        fn = functools.partial(fn, tf32=True)
     m = len(seeds)
     if any(p.shape[0] != m for p in params.values()):
         raise ValueError(
             f"params must be stacked for {m} models; got shapes {[tuple(p.shape) for p in params.values()]}"
         )
-    theta = {k: v.detach().to(x.device).clone() for k, v in params.items()}
-    bufs = None
-    for batch in minibatches(seeds, x, y, recipe, fill, epochs):
-        _, grads = loss_and_grads(theta, batch.x, batch.y, arch)
-        theta, bufs = sgd_step(theta, grads, bufs, batch.lr, recipe)
-        if on_step is not None:
-            on_step(batch.step, theta)
-        if max_steps is not None and batch.step + 1 >= max_steps:
-            return theta
-        if batch.last_in_epoch and on_epoch is not None:
-            on_epoch(batch.epoch)
+    opt = _FlatSGD({k: v.detach().to(x.device) for k, v in params.items()}, recipe)
+    theta = opt.params()
+    n, size = x.shape[0], x.shape[-1]
+    xpad = pad_images(x, recipe.crop_padding, fill)
+    cut = _cutter(x, recipe)
+    if workers is None:
+        workers = torch.get_num_threads() if x.device.type == "cpu" else 1
+    bounds = [m * i // max(1, min(workers, m)) for i in range(max(1, min(workers, m)) + 1)]
+    groups = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def work(sl: slice, th: Params, idx: torch.Tensor, aug: torch.Tensor) -> Params:
+        return fn({k: v[sl] for k, v in th.items()}, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]
+
+    with _model_threads(len(groups)) as pool:
+        for epoch, step, lr, last, idx, aug in _steps(seeds, n, recipe, epochs, x.device):
+            if pool is None:
+                grads = [work(groups[0], theta, idx, aug)]
+            else:
+                grads = list(pool.map(lambda sl, th=theta, i=idx, a=aug: work(sl, th, i, a), groups))
+            theta = opt.step(grads, lr)
+            if on_step is not None:
+                on_step(step, theta)
+            if max_steps is not None and step + 1 >= max_steps:
+                return theta
+            if last and on_epoch is not None:
+                on_epoch(epoch)
     return theta
+
+
+@contextlib.contextmanager
+def _model_threads(k: int):
+    """``k`` worker threads with one intra-op thread each (``None`` for ``k = 1``): the models of a step are
+    split into ``k`` groups computed side by side. Each PyTorch operator releases the GIL, and one thread
+    per group avoids the intra-op synchronisation that dominates tiny operators on a busy CPU."""
+    if k <= 1:
+        yield None
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(before)
 
 
 def train_plain(
@@ -619,15 +835,14 @@ def train_plain(
         weight_decay=recipe.weight_decay,
         nesterov=recipe.nesterov,
     )
-    gen = _generators([seed])[0]
     n, size = x.shape[0], x.shape[-1]
     xpad = pad_images(x, recipe.crop_padding, fill)
     step = 0
     for epoch in range(recipe.epochs if epochs is None else epochs):
         for group in opt.param_groups:
             group["lr"] = recipe.lr_at(epoch)
-        perm, aug = epoch_plan(gen, n, recipe.crop_padding, recipe.flip)
-        perm, aug = perm.to(x.device), aug.to(x.device)
+        perms, augs = epoch_plans([seed], epoch, n, recipe.crop_padding, recipe.flip, x.device)
+        perm, aug = perms[0], augs[0]
         for start in range(0, n, recipe.batch_size):
             idx = perm[start : start + recipe.batch_size]
             xb = crop(xpad, idx, aug[start : start + recipe.batch_size], size)

@@ -394,3 +394,48 @@ def test_not_converged_is_an_error_unless_asked():
         minmass.minmass(theta, spec, sweeps=1, max_newton=0)
     r = minmass.minmass(theta, spec, sweeps=1, max_newton=0, strict=False)
     assert not bool(r.converged) and r.mass_after < r.mass_before  # one sweep already helps
+
+
+@pytest.mark.parametrize(
+    "device,dtype", [("meta", torch.float64), ("cpu", torch.float32), ("meta", torch.float32)]
+)
+def test_fold_batchnorm_keeps_device_and_dtype(device, dtype):
+    """Folding keeps the device and dtype of what it is given: every folded parameter and every tensor of
+    the new model (the biases it creates included) lives on ``device`` in ``dtype`` ("meta" stands in for
+    an accelerator: a CPU default anywhere would show)."""
+    m = _bn_model().to(device=device, dtype=dtype)
+    theta = {k: v.detach() for k, v in m.state_dict().items()}
+    f = minmass.fold_batchnorm(theta, m, check=False)
+    assert f.pairs == (("0", "1"), ("3", "4"))
+    for k, v in f.theta.items():
+        assert v.device.type == device, k
+        if v.is_floating_point():
+            assert v.dtype == dtype, k
+    for k, v in [*f.model.named_parameters(), *f.model.named_buffers()]:
+        assert v.device.type == device, k
+        if v.is_floating_point():
+            assert v.dtype == dtype, k
+    assert "0.bias" in dict(f.model.named_parameters())  # created by the folding, on the right device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_minmass_end_to_end_on_cuda_resnet18():
+    """A CUDA ResNet-18 folds into a CUDA network, traces on CUDA, and min-mass runs there, matching the
+    CPU result."""
+    from symlib import trace
+
+    torch.manual_seed(0)
+    net = _randomise_bn(models.ResNet18(num_classes=5, width=2)).eval()
+    cpu_theta = _params(net)
+    gpu_net = net.cuda()
+    theta = {k: v.cuda() for k, v in cpu_theta.items()}
+    folded = minmass.fold_batchnorm(theta, gpu_net, input_shape=(3, 16, 16))
+    assert all(v.is_cuda for v in folded.theta.values())
+    assert all(p.is_cuda for p in folded.model.parameters())
+    spec = trace.spec_of(folded.model, (3, 16, 16), device="cuda")
+    r = minmass.minmass(folded.theta, spec)
+    assert bool(r.converged) and r.mass_after < r.mass_before
+    assert all(v.is_cuda for v in r.theta.values())
+    cpu_spec = trace.spec_of(folded.model.cpu(), (3, 16, 16))
+    ref = minmass.minmass({k: v.cpu() for k, v in folded.theta.items()}, cpu_spec)
+    torch.testing.assert_close(r.mass_after.cpu(), ref.mass_after, rtol=1e-6, atol=0)

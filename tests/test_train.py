@@ -244,3 +244,140 @@ def test_minibatches_hook_sees_every_step():
     batches = list(T.minibatches([0, 1], x, y, recipe))
     assert [b.last_in_epoch for b in batches] == [False, False, True] * 2
     assert batches[0].x.shape == (2, 16, 1, 28, 28) and batches[-1].x.shape == (2, 8, 1, 28, 28)
+
+
+def _plan_reference(seed, epoch, n, padding, flip):
+    """The counter-based plan of epoch_plans, recomputed with Python integers (no tensors, no overflow)."""
+    mask = 0xFFFFFFFF
+
+    def h32(v):
+        v = ((v ^ (v >> 16)) * 0x7FEB352D) & mask
+        v = ((v ^ (v >> 15)) * 0x5BD1E995) & mask
+        return v ^ (v >> 16)
+
+    key = T.streams(seed)[1]
+    base = h32(key & mask) ^ h32((key >> 32) ^ 0x3C6EF372)
+    base = h32(base ^ h32((epoch & mask) ^ 0x1B873593))
+
+    def h(k):
+        return h32(base ^ k)
+
+    perm = sorted(range(n), key=lambda i: h(i) * n + i)
+    aug = [
+        [
+            (h(n + 3 * t) * (2 * padding + 1)) >> 32 if padding else 0,
+            (h(n + 3 * t + 1) * (2 * padding + 1)) >> 32 if padding else 0,
+            h(n + 3 * t + 2) >> 31 if flip else 0,
+        ]
+        for t in range(n)
+    ]
+    return perm, aug
+
+
+def test_epoch_plans_are_permutations_with_offsets_in_range():
+    """Every model's order is a permutation of 0..n-1 and its offsets lie in 0..2p, the flips in {0, 1};
+    different seeds and different epochs give different orders; the integers are exactly those of an
+    independent Python-integer recomputation of the hash (so no device-dependent overflow or rounding)."""
+    n, pad = 257, 4
+    perms, augs = T.epoch_plans([0, 1, 2], 3, n, pad, True)
+    assert perms.shape == (3, n) and augs.shape == (3, n, 3)
+    for p in perms:
+        assert torch.equal(p.sort().values, torch.arange(n))
+    assert augs[..., :2].min() == 0 and augs[..., :2].max() == 2 * pad
+    assert set(augs[..., 2].unique().tolist()) == {0, 1}
+    assert not torch.equal(perms[0], perms[1]) and not torch.equal(perms[1], perms[2])
+    assert not torch.equal(perms[0], T.epoch_plans([0], 4, n, pad, True)[0][0])
+    for i, s in enumerate([0, 1, 2]):
+        perm, aug = _plan_reference(s, 3, n, pad, True)
+        assert perms[i].tolist() == perm and augs[i].tolist() == aug
+    no_aug = T.epoch_plans([5], 0, 10, 0, False)[1]
+    assert torch.equal(no_aug, torch.zeros(1, 10, 3, dtype=torch.int64))
+
+
+def test_epoch_plans_are_uniform():
+    """Chi-square checks at a loose level: the image at a given position, and the crop offsets, are
+    uniform over models (a biased hash fails these by a wide margin)."""
+    n, pad, m = 16, 4, 2000
+    perms, augs = T.epoch_plans(range(m), 0, n, pad, True)
+    counts = torch.bincount(perms[:, 0], minlength=n).double()
+    chi2 = ((counts - m / n) ** 2 / (m / n)).sum()
+    assert chi2 < 45  # 15 degrees of freedom: P(chi2 > 45) ~ 1e-4
+    counts = torch.bincount(augs[:, :, 0].reshape(-1), minlength=9).double()
+    e = m * n / 9
+    assert ((counts - e) ** 2 / e).sum() < 35  # 8 degrees of freedom
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_epoch_plans_same_on_cuda():
+    p, a = T.epoch_plans(range(8), 2, 1000, 4, True)
+    pc, ac = T.epoch_plans(range(8), 2, 1000, 4, True, device="cuda")
+    assert torch.equal(p, pc.cpu()) and torch.equal(a, ac.cpu())
+
+
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 3), b=st.integers(1, 4), seed=st.integers(0, 2**31), flat=st.booleans())
+def test_conv_path_equals_matmul_path(m, b, seed, flat):
+    """The grouped-convolution step (the CUDA default) gives the hand-written step's loss and gradient
+    (float64 on CPU), with and without a dropout mask, also on images with max-pool ties."""
+    theta = _double_stack(list(range(seed, seed + m)))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    if flat:
+        x = x[..., ::7, ::7].repeat_interleave(7, -2).repeat_interleave(7, -1)
+    y = torch.randint(0, 10, (m, b), generator=g)
+    mask = (torch.rand(m, 10, b, generator=g) > 0.3).double() / 0.7
+    for fm in (None, mask):
+        lm, gm = T.loss_and_grads(theta, x, y, feat_mask=fm, impl="matmul")
+        lc, gc = T.loss_and_grads(theta, x, y, feat_mask=fm, impl="conv")
+        torch.testing.assert_close(lc, lm, rtol=1e-12, atol=1e-12)
+        for k in gm:
+            torch.testing.assert_close(gc[k], gm[k], rtol=1e-10, atol=1e-12)
+
+
+def test_train_stacked_conv_path_equals_matmul_path():
+    """Whole runs (momentum, weight decay, crops) agree between the two step implementations (float64),
+    and a wrong impl is refused with the valid names."""
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=16, momentum=0.9, nesterov=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 1, 28, 28, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (40,), generator=g)
+    seeds = [3, 8]
+    a = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, fill=-0.4, epochs=2, impl="matmul")
+    b = T.train_stacked(
+        _double_stack(seeds), seeds, x, y, recipe, fill=-0.4, epochs=2, impl="conv", tf32=True
+    )
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)
+    with pytest.raises(ValueError, match="matmul"):
+        T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, impl="fast")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_zoo_equals_cpu_zoo():
+    """Same seeds -> the same models on CUDA (default path: grouped convolutions, FP32) as on CPU, within
+    float32 tolerance after a few steps."""
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=32)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(256, 1, 28, 28, generator=g), torch.randint(0, 10, (256,), generator=g)
+    seeds = list(range(6))
+    cpu = T.train_stacked(T.init_params(models.OptuNet, seeds), seeds, x, y, recipe, epochs=1)
+    gpu = T.train_stacked(T.init_params(models.OptuNet, seeds), seeds, x.cuda(), y.cuda(), recipe, epochs=1)
+    for k in cpu:
+        torch.testing.assert_close(gpu[k].cpu(), cpu[k], rtol=1e-3, atol=1e-4)
+
+
+def test_worker_groups_do_not_change_the_result():
+    """Splitting the models into groups computed by parallel threads gives the same run as one group
+    (the models are independent), with the on_step hook seeing all models every step."""
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=16, momentum=0.9)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 1, 28, 28, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (40,), generator=g)
+    seeds = [1, 2, 3, 4, 5]
+    seen = []
+    one = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=1)
+    three = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=3,
+                            on_step=lambda s, th: seen.append(th["fc.bias"].shape[0]))
+    assert seen == [5] * 6
+    for k in one:
+        torch.testing.assert_close(three[k], one[k], rtol=1e-12, atol=1e-14)
