@@ -342,14 +342,17 @@ def hmc_diagnostics(sample_set) -> dict[str, float]:
     """The headline diagnostics of an HMC set (:mod:`symlib.posteriors.hmc`): acceptance, divergences,
     R-hat and bulk ESS of the potential and of the weights, step size, gradient evaluations, seconds.
 
-    Every numeric entry of ``sample_set.diagnostics`` is flattened (lists: their mean, or each value
-    under ``name[i]`` for short ones), so the chapter can show whatever the sampler recorded.
+    Every numeric entry of ``sample_set.diagnostics`` is flattened (lists: their mean, min and max;
+    ``None``, a diagnostic that could not be computed, becomes NaN), so the chapter can show
+    whatever the sampler recorded.
     """
     d = dict(sample_set.diagnostics)
     out: dict[str, float] = {}
 
     def put(name, v):
-        if isinstance(v, bool):
+        if v is None:  # not computable (e.g. R-hat with fewer than 4 draws per chain)
+            out[name] = math.nan
+        elif isinstance(v, bool):
             out[name] = float(v)
         elif isinstance(v, (int, float)):
             out[name] = float(v)

@@ -132,12 +132,12 @@ def test_side_by_side_aligns_the_paper():
 def test_hmc_diagnostics_flatten():
     class S:
         diagnostics = {"accept_prob": [0.8, 0.9], "rhat_potential": 1.2, "n_chains": 2, "note": "x",
-                       "nested": {"a": 1}}
+                       "nested": {"a": 1}, "rhat_max": None}
 
     d = table1.hmc_diagnostics(S())
     assert d["accept_prob (mean)"] == pytest.approx(0.85) and d["accept_prob (min)"] == 0.8
     assert d["rhat_potential"] == 1.2 and d["n_chains"] == 2.0 and d["nested.a"] == 1.0
-    assert "note" not in d
+    assert "note" not in d and math.isnan(d["rhat_max"])
 
 
 def test_produce_writes_then_reloads(tmp_path):
