@@ -232,6 +232,75 @@ def metric_frame(sets: Mapping[tuple[str, str], Any], x: torch.Tensor, y: torch.
     return frame[[*METRIC_COLUMNS, "NLL"]]
 
 
+@dataclasses.dataclass(frozen=True)
+class Layered:
+    """Sample sets with their symmetries removed once and flattened per layer (:func:`layered`), so that
+    any two of them form a :class:`symlib.mmd.Pair` without repeating the removal.
+
+    Attributes:
+        names, sizes: the layers and their parameter counts.
+        data: ``{(set name, symmetries): (S, d) per layer}``.
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    data: Mapping[tuple[str, str], tuple[torch.Tensor, ...]]
+
+    def pair(self, reference: str, name: str, symmetries: str = "raw"):
+        """The :class:`symlib.mmd.Pair` (``reference`` as ``X``, ``name`` as ``Y``) under ``symmetries``."""
+        from symlib import mmd
+
+        for k in (reference, name):
+            if (k, symmetries) not in self.data:
+                have = sorted({s for _, s in self.data})
+                raise KeyError(f"no set {k!r} with symmetries {symmetries!r} (removals computed: {have})")
+        x, y = self.data[(reference, symmetries)], self.data[(name, symmetries)]
+        return mmd.Pair(self.names, self.sizes, x, y, symmetries)
+
+
+def layered(sets: Mapping[str, Any], spec=None, symmetries: Sequence[str] = ("raw", "ns"),
+            dtype=torch.float64, check: bool = True, progress: bool = False) -> Layered:
+    """Remove the symmetries of every set once per removal and flatten it per layer (:mod:`symlib.mmd`).
+
+    Args:
+        sets: ``{name: SampleSet or stacked state dict}``, the target among them.
+        spec: the architecture's symmetries (needed unless only ``"raw"``).
+        symmetries: removals (:func:`symlib.mmd.remove_symmetries`).
+        dtype: of the comparison; ``check``: verify that every network keeps its function.
+    """
+    from symlib import mmd
+    from symlib import progress as _progress
+
+    first = dict(getattr(next(iter(sets.values())), "params", next(iter(sets.values()))))
+    layers = mmd.layers_of(spec if spec is not None else first)
+    data = {}
+    with _progress.bar(len(sets) * len(symmetries), desc="remove symmetries", enabled=progress) as bar:
+        for sym in symmetries:
+            for name, s in sets.items():
+                params = dict(getattr(s, "params", s))
+                clean = mmd.remove_symmetries(params, spec, sym, check)
+                data[(name, sym)] = tuple(mmd.flatten(clean, layers, dtype))
+                bar.update()
+    sizes = tuple(int(x.shape[1]) for x in data[next(iter(data))])
+    return Layered(tuple(layers), sizes, data)
+
+
+def compare(lay: Layered, reference: str, names: Sequence[str], symmetries: Sequence[str] = ("raw", "ns"),
+            n_permutations: int = 0, n_bootstrap: int = 0, seed: int = 0, progress: bool = False) -> dict:
+    """:func:`symlib.mmd.mmd` of every set of ``names`` against ``reference``: ``{(name, symmetries):
+    Result}``, as :func:`symlib.mmd.table` returns (same seed, so the same permutations and resamples)."""
+    from symlib import mmd
+    from symlib import progress as _progress
+
+    out = {}
+    with _progress.bar(len(names) * len(symmetries), desc="mmd", enabled=progress) as bar:
+        for sym in symmetries:
+            for name in names:
+                out[(name, sym)] = mmd.mmd(lay.pair(reference, name, sym), n_permutations, n_bootstrap, seed)
+                bar.update()
+    return out
+
+
 SYMMETRY_COLUMNS = {"raw": "MMD", "ns": "NS", "minmass": "MinMass", "perm": "Perm", "scale": "Scale"}
 
 
