@@ -168,3 +168,18 @@ def test_bad_input_is_named():
         vi.init_variational(nn.ReLU(), 1, torch.Generator())
     with pytest.raises(FloatingPointError, match="mode"):
         vi.fit(setup, 1, progress=False, lr=1e30)
+
+
+def test_std_init_sets_the_initial_standard_deviation():
+    """Config(std_init=s) starts every weight's sigma = softplus(rho) near s (rho jittered by N(0, 0.1^2));
+    the default keeps BLiTZ's rho_0 = -6 for linear layers."""
+    net = models.MLP([5, 7, 3]).double()
+    g = torch.Generator().manual_seed(0)
+    _, rho = vi.init_variational(net, 2, g, std_init=0.01)
+    sigma = torch.cat([torch.nn.functional.softplus(v).flatten() for v in rho.values()])
+    assert abs(float(sigma.median()) - 0.01) < 0.002
+    _, rho = vi.init_variational(net, 2, torch.Generator().manual_seed(0))
+    assert abs(float(torch.cat([v.flatten() for v in rho.values()]).mean()) - vi.RHO_INIT["linear"]) < 0.05
+    with pytest.raises(ValueError, match="std_init"):
+        vi.Config(std_init=-1.0)
+    assert math.isfinite(float(sigma.max()))

@@ -80,6 +80,7 @@ class Config:
         optimizer: ``"sgd"`` (the recipe's SGD, no weight decay) or ``"adam"``.
         lr: initial learning rate (``None``: :func:`vi_recipe`'s); the recipe's schedule scales it.
         epochs: training epochs (``None``: :func:`vi_recipe`'s).
+        std_init: initial standard deviation of every weight (``None``: BLiTZ's :data:`RHO_INIT`).
     """
 
     n_mc: int = 3
@@ -88,6 +89,7 @@ class Config:
     optimizer: str = "sgd"
     lr: float | None = None
     epochs: int | None = None
+    std_init: float | None = None
 
     def __post_init__(self):
         _scales.check_int("n_mc", self.n_mc, 1)
@@ -101,6 +103,8 @@ class Config:
             raise ValueError(f"lr must be positive and finite, got {self.lr!r}")
         if self.epochs is not None:
             _scales.check_int("epochs", self.epochs, 1)
+        if self.std_init is not None and not (self.std_init > 0 and math.isfinite(self.std_init)):
+            raise ValueError(f"std_init must be positive and finite, got {self.std_init!r}")
 
 
 def vi_recipe(setup: Setup) -> _train.Recipe:
@@ -135,10 +139,13 @@ def bayesian_layers(model: nn.Module) -> dict[str, str]:
     return {k: out[k] for k in order if k in out}
 
 
-def init_variational(model: nn.Module, n_modes: int, generator: torch.Generator) -> tuple[Params, Params]:
+def init_variational(
+    model: nn.Module, n_modes: int, generator: torch.Generator, std_init: float | None = None
+) -> tuple[Params, Params]:
     r"""BLiTZ's initialisation of ``n_modes`` posteriors: :math:`\mu \sim \mathcal N(0, 0.1^2)`,
-    :math:`\rho \sim \mathcal N(\rho_0, 0.1^2)` with :math:`\rho_0` from :data:`RHO_INIT`. Returns stacked
-    ``(mu, rho)``, ``{name: (n_modes, ...)}``, in the model's dtype."""
+    :math:`\rho \sim \mathcal N(\rho_0, 0.1^2)` with :math:`\rho_0` from :data:`RHO_INIT`, or, with
+    ``std_init``, :math:`\rho_0 = \log(e^{s} - 1)` for every layer (initial standard deviation ``s``, as
+    Rossi et al. set it). Returns stacked ``(mu, rho)``, ``{name: (n_modes, ...)}``, in the model's dtype."""
     kinds = bayesian_layers(model)
     if not kinds:
         raise ValueError(
@@ -151,9 +158,8 @@ def init_variational(model: nn.Module, n_modes: int, generator: torch.Generator)
         p = shapes[k]
         shape = (n_modes, *p.shape)
         mu[k] = (torch.randn(shape, generator=generator, dtype=torch.float64) * MU_INIT_STD).to(p)
-        rho[k] = (
-            RHO_INIT[kind] + RHO_INIT_STD * torch.randn(shape, generator=generator, dtype=torch.float64)
-        ).to(p)
+        rho0 = RHO_INIT[kind] if std_init is None else math.log(math.expm1(std_init))
+        rho[k] = (rho0 + RHO_INIT_STD * torch.randn(shape, generator=generator, dtype=torch.float64)).to(p)
     return mu, rho
 
 
@@ -295,7 +301,7 @@ def _fit_stacked(
     model = setup.make_model()
     m, k = len(seeds), cfg.n_mc
     # per mode, the initialisation and the noise of the generic path (same seeds, same draws)
-    inits = [init_variational(model, 1, _noise_generator([s, 1])) for s in seeds]
+    inits = [init_variational(model, 1, _noise_generator([s, 1]), cfg.std_init) for s in seeds]
     mu = {n: torch.cat([i[0][n] for i in inits]).to(setup.device, setup.x.dtype) for n in inits[0][0]}
     rho = {n: torch.cat([i[1][n] for i in inits]).to(setup.device, setup.x.dtype) for n in inits[0][1]}
     gens = [_noise_generator([s]) for s in seeds]
@@ -380,7 +386,7 @@ def _fit_module(
     keys = list(state)
     mus, rhos, points, hists = [], [], [], []
     for seed in seeds:
-        mu0, rho0 = init_variational(model, 1, _noise_generator([seed, 1]))
+        mu0, rho0 = init_variational(model, 1, _noise_generator([seed, 1]), cfg.std_init)
         mu = {n: v[0].to(setup.device).requires_grad_() for n, v in mu0.items()}
         rho = {n: v[0].to(setup.device).requires_grad_() for n, v in rho0.items()}
         fresh = _train.init_model(setup.make_model, seed).to(setup.device).state_dict()
