@@ -67,6 +67,7 @@ from torch import nn
 from symlib import progress as _progress
 from symlib import scales as _scales
 from symlib import train as _train
+from symlib.posteriors import sampling
 from symlib.posteriors.base import Params, SampleSet, Setup
 
 STRUCTURES = ("full", "kron")
@@ -98,39 +99,6 @@ def _check_finite(h: torch.Tensor, what: str, mode: int) -> None:
             f"the {what} of mode {mode} is not finite (NaN or inf): the base model's logits overflow or its "
             f"weights are not finite; check the base models and the data"
         )
-
-
-def _reference_state(make_model: Callable[[], nn.Module]) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        model = make_model()
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def check_base(setup: Setup, base: Params | None, n_modes: int) -> Params:
-    """Validate the stacked base models ``(n_modes, ...)`` against the setup's architecture."""
-    if base is None:
-        raise ValueError(
-            "the Laplace approximation is built around trained networks: pass base=<stacked state dicts "
-            "(n_modes, ...)>, e.g. from symlib.posteriors.sampling.base_models(setup, n_modes, seed) or a "
-            "checkpoint zoo of the same preset (symlib.zoo.load_or_train)"
-        )
-    ref = _reference_state(setup.make_model)
-    if set(base) != set(ref):
-        missing, extra = sorted(set(ref) - set(base)), sorted(set(base) - set(ref))
-        raise ValueError(
-            f"laplace: the base models are not {setup.arch!r} networks of this setup (missing tensors "
-            f"{missing[:5]}, unexpected {extra[:5]}): a base zoo of another architecture? Pass base models "
-            f"trained for this setup"
-        )
-    for k, v in base.items():
-        if tuple(v.shape) != (n_modes, *ref[k]):
-            raise ValueError(
-                f"laplace: base tensor {k!r} has shape {tuple(v.shape)}, expected {(n_modes, *ref[k])} "
-                f"({n_modes} stacked {setup.arch!r} models; another width or number of classes?)"
-            )
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(f"laplace: base tensor {k!r} holds NaN or infinite values")
-    return {k: v.detach().to(setup.device) for k, v in base.items()}
 
 
 @contextlib.contextmanager
@@ -722,7 +690,7 @@ def sample(
         lam0, source = None, "marglik"
     if tune == "marglik":
         source = "marglik"
-    base = check_base(setup, base, n_modes)
+    base = sampling.check_base(setup, base, n_modes, "laplace")
     gen = torch.Generator().manual_seed(_seed_of(seed))
     dev = setup.device
     lams, logz, losses, min_eig, mean_std = [], [], [], [], []

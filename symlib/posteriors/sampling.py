@@ -119,14 +119,18 @@ def check_base(setup: Setup, base: Params | None, n_modes: int, method: str) -> 
     the setup's device."""
     if base is None:
         raise ValueError(
-            f"{method} starts from trained base models: pass base=<stacked state dicts (n_modes, ...)>, e.g. "
-            f"from symlib.posteriors.sampling.base_models(setup, n_modes, seed), or use sampling.run(...)"
+            f"{method} starts from trained base models; it needs trained networks: pass base=<stacked "
+            f"state dicts (n_modes, ...)>, e.g. from symlib.posteriors.sampling.base_models(setup, n_modes, "
+            f"seed) or a checkpoint zoo of the same preset (symlib.zoo.load_or_train), or use "
+            f"sampling.run(...)"
         )
     ref = reference_state(setup)
     if set(base) != set(ref):
+        missing, extra = sorted(set(ref) - set(base)), sorted(set(base) - set(ref))
         raise ValueError(
-            f"{method}: the base models are not {setup.arch!r} networks of this setup: tensors "
-            f"{sorted(base)[:6]}... vs {sorted(ref)[:6]}... (a base zoo of another architecture?)"
+            f"{method}: the base models are not {setup.arch!r} networks of this setup (missing tensors "
+            f"{missing[:5]}, unexpected {extra[:5]}): a base zoo of another architecture? Pass base models "
+            f"trained for this setup"
         )
     for k, v in base.items():
         if tuple(v.shape) != (n_modes, *ref[k]):
