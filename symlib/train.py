@@ -601,6 +601,7 @@ def loss_and_grads(
     arch: str = "optunet",
     feat_mask: torch.Tensor | None = None,
     impl: str | None = None,
+    workers: int | None = None,
 ) -> tuple[torch.Tensor, Params]:
     """Mean cross-entropy of ``M`` stacked models, each on its own batch, and its gradient.
 
@@ -612,14 +613,48 @@ def loss_and_grads(
             :func:`_optunet_loss_grads`).
         impl: ``"matmul"`` (hand-written products), ``"conv"`` (grouped convolutions) or ``None``: the
             device's default (``"conv"`` on CUDA).
+        workers: on CPU, split the models into this many groups computed side by side by a persistent
+            pool of as many threads, one intra-op thread each (default: ``torch.get_num_threads()``; 1 on
+            CUDA), as :func:`train_stacked` does. The models are independent: the result does not depend
+            on it.
 
     Returns:
         ``(loss (M,), grads)`` with ``grads`` shaped like ``params``.
     """
     fn = _stacked_grads(arch, impl, x.device)
-    if feat_mask is None:
-        return fn(params, x, y)
-    return fn(params, x, y, feat_mask=feat_mask)
+    extra = {} if feat_mask is None else {"feat_mask": feat_mask}
+    m = x.shape[0]
+    if workers is None:
+        workers = torch.get_num_threads() if x.device.type == "cpu" else 1
+    k = max(1, min(workers, m))
+    if k == 1:
+        return fn(params, x, y, **extra)
+
+    def work(sl: slice) -> tuple[torch.Tensor, Params]:
+        return fn({n: v[sl] for n, v in params.items()}, x[sl], y[sl], **{n: v[sl] for n, v in extra.items()})
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        parts = list(_shared_pool(k).map(work, _groups(m, k)))
+    finally:
+        torch.set_num_threads(before)
+    loss = torch.cat([p[0] for p in parts])
+    return loss, {n: torch.cat([p[1][n] for p in parts]) for n in parts[0][1]}
+
+
+def _groups(m: int, k: int) -> list[slice]:
+    """``k`` consecutive, near-equal slices covering ``range(m)``."""
+    bounds = [m * i // k for i in range(k + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@functools.cache
+def _shared_pool(k: int):
+    """A process-wide pool of ``k`` threads with one intra-op thread each (see :func:`_model_threads`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,), thread_name_prefix="symlib")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -773,8 +808,7 @@ def train_stacked(
     cut = _cutter(x, recipe)
     if workers is None:
         workers = torch.get_num_threads() if x.device.type == "cpu" else 1
-    bounds = [m * i // max(1, min(workers, m)) for i in range(max(1, min(workers, m)) + 1)]
-    groups = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    groups = _groups(m, max(1, min(workers, m)))
 
     def work(sl: slice, th: Params, idx: torch.Tensor, aug: torch.Tensor) -> Params:
         return fn({k: v[sl] for k, v in th.items()}, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]

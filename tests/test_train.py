@@ -381,3 +381,23 @@ def test_worker_groups_do_not_change_the_result():
     assert seen == [5] * 6
     for k in one:
         torch.testing.assert_close(three[k], one[k], rtol=1e-12, atol=1e-14)
+
+
+def test_loss_and_grads_worker_groups_do_not_change_the_result():
+    """loss_and_grads split over a pool of threads (with and without a dropout mask) = one group, and
+    restores the caller's intra-op thread count."""
+    m, b = 5, 4
+    theta = _double_stack([3, 1, 4, 1, 5])
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (m, b), generator=g)
+    mask = (torch.rand(m, 10, b, generator=g) > 0.2).double() / 0.8
+    before = torch.get_num_threads()
+    for fm in (None, mask):
+        loss1, g1 = T.loss_and_grads(theta, x, y, feat_mask=fm, workers=1)
+        loss3, g3 = T.loss_and_grads(theta, x, y, feat_mask=fm, workers=3)
+        assert torch.get_num_threads() == before
+        torch.testing.assert_close(loss3, loss1, rtol=1e-13, atol=0)
+        assert g3.keys() == g1.keys()
+        for k in g1:
+            torch.testing.assert_close(g3[k], g1[k], rtol=1e-13, atol=1e-15)
