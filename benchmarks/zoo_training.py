@@ -122,6 +122,15 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}")
     print(f"data: {what}; {args.epochs} epoch(s); recipe {recipe}")
     print(f"threads: {args.threads} (os.cpu_count() = {os.cpu_count()})")
+    step = T._stacked_grads("optunet", None, x.device).__name__
+    if not cuda:
+        from symlib import kernels
+
+        why = kernels.unavailable_reason()
+        note = f" (native kernel unavailable: {why})" if why else " (compiled kernel)"
+        print(f"stacked step: {step}{note}")
+    else:
+        print(f"stacked step: {step}")
 
     def sync() -> None:
         if cuda:

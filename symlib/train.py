@@ -557,16 +557,45 @@ def _optunet_loss_grads_conv(
 
 # Implementations of the stacked step: "matmul" (hand-written, the CPU default) and "conv" (grouped
 # convolutions + autograd, the CUDA default).
-STACKED_IMPLS = {"matmul": STACKED_GRADS, "conv": {"optunet": _optunet_loss_grads_conv}}
+def _optunet_loss_grads_native(
+    params: Params, x: torch.Tensor, y: torch.Tensor, feat_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, Params]:
+    """:func:`_optunet_loss_grads` by the fused, compiled CPU kernel of :mod:`symlib.kernels`."""
+    from symlib import kernels
+
+    return kernels.optunet_loss_grads(params, x, y, feat_mask=feat_mask)
+
+
+STACKED_IMPLS = {
+    "matmul": STACKED_GRADS,
+    "conv": {"optunet": _optunet_loss_grads_conv},
+    "native": {"optunet": _optunet_loss_grads_native},
+}
+
+
+def _native_available() -> bool:
+    from symlib import kernels
+
+    return kernels.available()
 
 
 def _stacked_grads(arch: str, impl: str | None, device: torch.device) -> Callable:
-    """The loss-and-gradient function of ``arch`` for ``impl`` (``None`` / ``"auto"``: ``"conv"`` on CUDA,
-    ``"matmul"`` elsewhere)."""
+    """The loss-and-gradient function of ``arch`` for ``impl`` (``None`` / ``"auto"``: ``"conv"`` on CUDA;
+    on CPU ``"native"`` where the compiled kernel is available for ``arch``, else ``"matmul"``)."""
     if impl in (None, "auto"):
-        impl = "conv" if device.type == "cuda" else "matmul"
+        if device.type == "cuda":
+            impl = "conv"
+        else:
+            impl = "native" if arch in STACKED_IMPLS["native"] and _native_available() else "matmul"
     if impl not in STACKED_IMPLS:
         raise ValueError(f"impl must be one of {sorted(STACKED_IMPLS)} or 'auto', got {impl!r}")
+    if impl == "native" and device.type != "cpu":
+        raise ValueError(f"impl='native' is the compiled CPU kernel; on {device.type} use 'conv' or 'matmul'")
+    if impl == "native" and not _native_available():
+        from symlib import kernels
+
+        raise RuntimeError(f"impl='native' is unavailable here: {kernels.unavailable_reason()}; "
+                           "use impl='matmul' (the PyTorch path)")
     if arch not in STACKED_IMPLS[impl]:
         raise ValueError(f"no stacked trainer for {arch!r}; stacked architectures: {sorted(STACKED_GRADS)}")
     return STACKED_IMPLS[impl][arch]
@@ -611,8 +640,10 @@ def loss_and_grads(
         arch: a key of :data:`STACKED_GRADS`.
         feat_mask: optional dropout multiplier of the features before the last layer (see
             :func:`_optunet_loss_grads`).
-        impl: ``"matmul"`` (hand-written products), ``"conv"`` (grouped convolutions) or ``None``: the
-            device's default (``"conv"`` on CUDA).
+        impl: ``"native"`` (the fused compiled CPU kernel, :mod:`symlib.kernels`), ``"matmul"``
+            (hand-written PyTorch products), ``"conv"`` (grouped convolutions) or ``None``: the device's
+            default (``"conv"`` on CUDA, ``"native"`` on CPU where a C++ compiler is available, else
+            ``"matmul"``).
         workers: on CPU, split the models into this many groups computed side by side by a persistent
             pool of as many threads, one intra-op thread each (default: ``torch.get_num_threads()``; 1 on
             CUDA), as :func:`train_stacked` does. The models are independent: the result does not depend
@@ -654,7 +685,7 @@ def _shared_pool(k: int):
     """A process-wide pool of ``k`` threads with one intra-op thread each (see :func:`_model_threads`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    return ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,), thread_name_prefix="symlib")
+    return ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,), thread_name_prefix="sym")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -783,8 +814,9 @@ def train_stacked(
         on_epoch: called with the epoch index after every epoch (progress bars).
         on_step: called after every step with the global step index and the updated stacked
             parameters (do not modify them; cheap per-step statistics such as permutation tracking).
-        impl: the step's implementation, ``"matmul"`` or ``"conv"`` (default: ``"conv"`` on CUDA,
-            ``"matmul"`` elsewhere; both compute the same gradient).
+        impl: the step's implementation, ``"native"``, ``"matmul"`` or ``"conv"`` (default: ``"conv"`` on
+            CUDA, ``"native"`` on CPU where the compiled kernel builds, else ``"matmul"``; all compute the
+            same gradient; see :func:`loss_and_grads`).
         tf32: let the CUDA path use TF32 products (faster, about 3 decimal digits); default full FP32.
         workers: on CPU, split the models into this many groups computed side by side by as many
             threads, one intra-op thread each (default: ``torch.get_num_threads()``; 1 on CUDA). The
@@ -794,6 +826,7 @@ def train_stacked(
         The trained stacked parameters.
     """
     fn = _stacked_grads(arch, impl, x.device)
+    fused = fn is _optunet_loss_grads_native and _cutter(x, recipe) is _crop_segments  # crop in the kernel
     if tf32:
         fn = functools.partial(fn, tf32=True)
     m = len(seeds)
@@ -811,7 +844,12 @@ def train_stacked(
     groups = _groups(m, max(1, min(workers, m)))
 
     def work(sl: slice, th: Params, idx: torch.Tensor, aug: torch.Tensor) -> Params:
-        return fn({k: v[sl] for k, v in th.items()}, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]
+        part = {k: v[sl] for k, v in th.items()}
+        if fused:
+            from symlib import kernels
+
+            return kernels.optunet_loss_grads_crop(part, xpad, idx[sl], aug[sl], y[idx[sl]])[1]
+        return fn(part, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]
 
     with _model_threads(len(groups)) as pool:
         for epoch, step, lr, last, idx, aug in _steps(seeds, n, recipe, epochs, x.device):
