@@ -82,7 +82,7 @@ def kendall_tau(steps: np.ndarray, taus: Mapping[str, np.ndarray], lr: np.ndarra
     for i, m in enumerate(milestones):
         ax.axvline(m, color="C3", ls=":", lw=1.2, label="lr decay" if i == 0 else None)
     if title:
-        ax.set_title(title)
+        fig.suptitle(title)
     ax.legend(loc="lower right")
     ax2 = ax.twinx()
     ax2.plot(steps, lr, color="0.3", ls="--", lw=1.2)
