@@ -16,6 +16,7 @@ from scipy import stats
 from scipy.spatial.distance import squareform
 
 from symlib import (
+    canonical,
     check,
     collapse,
     metrics,
@@ -272,3 +273,26 @@ def test_paper_scale_without_the_datasets_raises_the_data_error(name, missing, t
     with pytest.raises(FileNotFoundError, match=f"{missing}.*download=True"):
         permfreq.track_zoo_recipe(cfg, [10_000], progress=False)
 
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: models.ResNet18(num_classes=10, width=4), (3, 32, 32)),
+    (lambda: models.MLP([5, 9, 7, 3]), (5,)),
+])
+def test_fast_max_ranks_equal_the_canonical_sort(make, shape):
+    # the per-step path reads the ranks off the unpermuted weights; canonical.sort_perms permutes layer
+    # after layer: both must give the same ranks, including exact ties of the largest weight
+    nets = [_random_bn(train.init_model(make, s), s) for s in range(3)]
+    spec = trace.spec_of(nets[0], shape)
+    theta = {k: torch.stack([n.state_dict()[k] for n in nets]) for k in nets[0].state_dict()}
+    first = next(iter(spec.perms))
+    w = spec.incoming(first, "perm")[0].param
+    theta[w][0, 1] = theta[w][0, 0]  # neurons 0 and 1 of the first layer tie on every key but the bias
+    perms = canonical.sort_perms(theta, spec, key="max")
+    fast = permfreq.sorting_ranks(theta, spec, "max")
+    for l, (label, n) in enumerate(spec.perms.items()):
+        assert torch.equal(fast[:, l, :n], perms[label].argsort(-1))
+    bad = {k: v.clone() for k, v in theta.items()}
+    bad[w][1, 0] = float("nan")
+    with pytest.raises(Exception, match="NaN"):
+        permfreq.sorting_ranks(bad, spec, "max")
