@@ -20,7 +20,11 @@ pairs that swapped.
   only the previous step's ranks and weights and records, per step, run and layer, :math:`\tau` and
   the number of neurons that changed position, for several sorting keys at once (the paper's
   ``"max"`` key and the first-weight key of its App. C.2), with the size of every run's step and
-  the learning rate.
+  the learning rate. It is also the ``on_step`` hook of the plain trainer
+  :func:`symlib.train.train_plain`, which passes one network's state with a leading axis of 1.
+* :func:`track_plain` and :func:`track_zoo_recipe` train ResNets (paper Fig. 4 right: ResNet-18 on
+  CIFAR-100) one run at a time with that hook and join the runs (:func:`concat_runs`);
+  :func:`milestone_steps` gives the steps at which the learning rate decays, to mark them.
 """
 
 from __future__ import annotations
