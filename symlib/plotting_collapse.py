@@ -57,7 +57,8 @@ def mi_vs_distance(mi_id: np.ndarray, dist_raw: np.ndarray, dist_canon: np.ndarr
 
 
 def kendall_tau(steps: np.ndarray, taus: Mapping[str, np.ndarray], lr: np.ndarray,
-                epoch_steps: int | None = None, smooth: int = 1):
+                epoch_steps: int | None = None, smooth: int = 1, milestones: Sequence[int] = (),
+                title: str | None = None):
     r"""Paper Figure 4: Kendall's :math:`\tau` between successive sorting permutations against the
     step, averaged over layers and runs, with the learning rate on a twin axis.
 
@@ -67,6 +68,9 @@ def kendall_tau(steps: np.ndarray, taus: Mapping[str, np.ndarray], lr: np.ndarra
         lr: ``(S,)`` learning rate of each step.
         epoch_steps: steps per epoch, to label the top axis in epochs.
         smooth: running-mean window for display (1: raw curve).
+        milestones: steps at which the learning rate decays, marked by vertical lines (paper Fig. 4
+            right: epochs 25 and 50 of the ResNet-18 recipe; :func:`symlib.permfreq.milestone_steps`).
+        title: optional axes title.
     """
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for i, (key, t) in enumerate(taus.items()):
@@ -75,6 +79,10 @@ def kendall_tau(steps: np.ndarray, taus: Mapping[str, np.ndarray], lr: np.ndarra
             t = np.convolve(t, np.ones(smooth) / smooth, mode="same")
         ax.plot(steps, t, lw=1, color=f"C{i}", label=f"key: {key}")
     ax.set(xlabel="training step", ylabel=r"Kendall's $\tau$ (successive steps)")
+    for i, m in enumerate(milestones):
+        ax.axvline(m, color="C3", ls=":", lw=1.2, label="lr decay" if i == 0 else None)
+    if title:
+        fig.suptitle(title)
     ax.legend(loc="lower right")
     ax2 = ax.twinx()
     ax2.plot(steps, lr, color="0.3", ls="--", lw=1.2)

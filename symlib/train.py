@@ -895,12 +895,19 @@ def train_plain(
     fill: float | Sequence[float] = 0.0,
     epochs: int | None = None,
     max_steps: int | None = None,
+    on_step: Callable[[int, Params], None] | None = None,
 ) -> nn.Module:
     """The plain loop: one ``nn.Module``, ``torch.optim.SGD`` and the same batches and crops as
     :func:`train_stacked` for ``seed``. Trains (and returns) a deep copy; ``model`` is not modified.
 
     This is the reference the stacked trainer is tested and benchmarked against, and the trainer of
     the paper-scale ResNet recipes.
+
+    ``on_step``, if given, is called after every optimiser step with the global step index (from 0)
+    and the model's state (``state_dict`` names, parameters and buffers) stacked with a leading axis
+    of size 1 and detached, as :func:`train_stacked` passes its models (e.g. a
+    :class:`symlib.permfreq.PermutationTracker`). The tensors are views of the live model: read them,
+    do not modify them, and copy what you keep.
     """
     import copy
 
@@ -926,6 +933,8 @@ def train_plain(
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(xb), y[idx]).backward()
             opt.step()
+            if on_step is not None:
+                on_step(step, {k: v.detach().unsqueeze(0) for k, v in model.state_dict().items()})
             step += 1
             if max_steps is not None and step >= max_steps:
                 return model
