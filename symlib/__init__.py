@@ -14,8 +14,9 @@ from symlib import canonical, check, counting, data, models, ops, scales, spec, 
 
 __version__ = "0.1.0"
 _LAZY = (
-    "align", "cli", "interp", "marginals", "metrics", "minmass", "mmd", "permfreq", "plotting",
-    "plotting_align", "plotting_collapse", "posteriors", "predict", "table1", "toy", "train", "zoo",
+    "align", "cli", "collapse", "interp", "kernels", "marginals", "metrics", "minmass", "mmd", "permfreq",
+    "plotting", "plotting_align", "plotting_collapse", "posteriors", "predict", "table1", "toy", "train",
+    "zoo",
 )
 __all__ = ["canonical", "check", "counting", "data", "models", "ops", "scales", "spec", "trace",
            *_LAZY, "__version__"]
