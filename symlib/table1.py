@@ -133,12 +133,20 @@ def plan(scale: str, methods: Sequence[str] = APPROXIMATIONS, hmc: bool = True,
 
 
 def sets_dir(setup, seed: int = 0, root: str | os.PathLike | None = None) -> Path:
-    """Where :func:`produce` keeps the sample sets of a problem: ``<root>/<preset>-<scale>-seed<seed>``,
-    ``root`` defaulting to ``posteriors/`` inside the zoo cache (``$SYMLIB_CACHE``)."""
+    """Where :func:`produce` keeps the sample sets of a problem:
+    ``<root>/<preset>-<scale>-<problem hash>-seed<seed>``, ``root`` defaulting to ``posteriors/`` inside the
+    zoo cache (``$SYMLIB_CACHE``). The hash (of the recipe, data and prior the manifests record) keeps the
+    sets of a changed preset apart from stale ones."""
+    import hashlib
+    import json
+
     from symlib import zoo
+    from symlib.posteriors import io
 
     base = Path(root) if root is not None else zoo.cache_dir() / "posteriors"
-    return base / f"{setup.name or setup.arch}-{setup.scale}-seed{seed}"
+    record = json.dumps(io.setup_record(setup), sort_keys=True).encode()
+    digest = hashlib.sha256(record).hexdigest()[:10]
+    return base / f"{setup.name or setup.arch}-{setup.scale}-{digest}-seed{seed}"
 
 
 def produce(setup, entries: Sequence[Entry], seed: int = 0, root: str | os.PathLike | None = None,

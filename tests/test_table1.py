@@ -1,5 +1,6 @@
 """Table 1 assembly (symlib.table1): the rows, the columns and their mathematics, on tiny inputs."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -155,6 +156,9 @@ def test_produce_writes_then_reloads(tmp_path):
     assert s2.n_samples == 2
     for k in s1.params:
         assert torch.equal(s1.params[k].cpu(), s2.params[k].cpu())
+    # a changed training problem (here: one more epoch) gets its own folder, not the stale sets
+    longer = dataclasses.replace(setup, recipe=setup.recipe.scaled(setup.recipe.epochs + 1))
+    assert table1.sets_dir(longer, 0, tmp_path / "sets") != table1.sets_dir(setup, 0, tmp_path / "sets")
 
 
 def test_layered_compare_is_mmd_table(spec):
