@@ -45,8 +45,11 @@ non-negative and sum to one over the classes within :data:`SUM_ATOL`; a violatio
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from symlib import progress as _progress
@@ -340,9 +343,74 @@ def evaluate(p_id: torch.Tensor, y_id: torch.Tensor, p_ood: torch.Tensor | None 
 
 
 # ------------------------------------------------------------------------------------ pairwise MI
+CPU_MAX_WIDTH = 10_000
+"""Most features per chunk on the CPU: bounds the length of one float32 dot product (rounding) and stays at
+OpenBLAS's single-threaded size, under :func:`pairwise_mi`'s own worker threads."""
+
+
 def _condensed_index(i: torch.Tensor, j: torch.Tensor, n: int) -> torch.Tensor:
     """Position of pair ``(i, j)``, ``i < j``, in ``scipy.spatial.distance.squareform``'s condensed order."""
     return n * i - i * (i + 1) // 2 + (j - i - 1)
+
+
+def _layout(feats: int, block: int, max_width: int) -> tuple[int, int, int, int]:
+    """``(chunks, width, rows, cols)``: the features in ``chunks`` chunks of equal ``width`` (at most
+    ``max_width`` and ``block``), and blocks of ``rows`` x ``cols`` pairs of at most ``block`` elements,
+    few rows (long columns: fewer wasted pairs on the diagonal)."""
+    chunks = -(-feats // min(feats, max_width, block))
+    width = -(-feats // chunks)
+    pairs = max(1, block // width)
+    rows = max(1, math.isqrt(pairs) // 4)
+    return chunks, width, rows, pairs // rows
+
+
+def _chunked_halves(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: int) -> torch.Tensor:
+    r"""``(chunks, N, width)`` contiguous: the halved probabilities of each model, feature chunk first.
+
+    Zeros are floored at the smallest normal number so that :math:`\log q` is finite: a zero probability
+    contributes :math:`\mathrm{tiny} \log \mathrm{tiny} \approx 10^{-36}` (float32) instead of
+    :math:`0 \log 0 = 0`, far below rounding. The last chunk is padded with halves 1/2: there
+    :math:`q = 1` and :math:`q \log q = 0` exactly.
+    """
+    n = p.shape[0]
+    half = torch.full((n, chunks * width), 0.5, dtype=dtype, device=p.device)
+    half[:, : p[0].numel()] = (p.reshape(n, -1).to(dtype) * 0.5).clamp_min_(torch.finfo(dtype).tiny)
+    return half.view(n, chunks, width).transpose(0, 1).contiguous()
+
+
+def _row_block(hc, r0: int, r1: int, cols: int, q, log_q, out) -> None:
+    r"""Write :math:`\sum_{x, c} q \log q` of the pairs ``(i, j)``, ``r0 <= i < r1``, ``j > i``, into their
+    condensed positions of ``out``.
+
+    ``hc`` is :func:`_chunked_halves`' ``(chunks, N, width)``, as a numpy array on the CPU or a torch tensor
+    (same code: the two libraries share these calls). The columns ``j > r0`` are taken ``cols`` at a time;
+    each block and chunk is one broadcast addition into the buffer ``q``, one logarithm into ``log_q`` and
+    one reduction accumulated in float64: on the CPU a BLAS dot product :math:`(1, w) \times (w, 1)` per
+    pair (numpy's matmul: no product pass), elsewhere torch's product and float32 sum.
+    """
+    chunks, n, width = hc.shape
+    c_first = r0 + 1
+    numpy = isinstance(hc, np.ndarray)
+    shape = (r1 - r0, n - c_first)
+    acc = np.zeros(shape) if numpy else hc.new_zeros(shape, dtype=torch.float64)
+    for c0 in range(c_first, n, cols):
+        c1 = min(c0 + cols, n)
+        span = slice(c0 - c_first, c1 - c_first)
+        shape = (r1 - r0, c1 - c0, width)
+        size = math.prod(shape)
+        qq, ll = q[:size].reshape(shape), log_q[:size].reshape(shape)
+        for k in range(chunks):
+            hk = hc[k]
+            (np if numpy else torch).add(hk[r0:r1, None], hk[None, c0:c1], out=qq)
+            if numpy:
+                np.log(qq, out=ll)
+                acc[:, span] += np.matmul(qq[:, :, None, :], ll[:, :, :, None])[:, :, 0, 0]
+            else:  # the chunk's float32 sum (pairwise summation), accumulated in float64
+                torch.log(qq, out=ll)
+                acc[:, span] += torch.mul(qq, ll, out=ll).sum(-1).double()
+    for k, i in enumerate(range(r0, r1)):
+        s = n * i - i * (i + 1) // 2
+        out[s : s + n - i - 1] = acc[k, i - r0 :]
 
 
 @torch.no_grad()
@@ -352,6 +420,7 @@ def pairwise_mi(
     block: int | None = None,
     dtype: torch.dtype | None = None,
     progress: bool = False,
+    workers: int | None = None,
 ) -> torch.Tensor:
     r"""Mutual information of every two-member ensemble, averaged over the inputs (§5.1, App. D.2).
 
@@ -361,23 +430,28 @@ def pairwise_mi(
               - \frac{H(p_i(x)) + H(p_j(x))}{2} \Big]
               = -\frac1n \sum_{x, c} q \log q \,\Big|_{q = \frac{p_i + p_j}{2}} - \frac{h_i + h_j}{2},
 
-    where :math:`h_i = \frac1n \sum_x H(p_i(x))` is computed once per model. The pairwise term is computed
-    for blocks of rows :math:`i` times columns :math:`j` (upper triangle only) and chunks of the
-    flattened ``(input, class)`` axis: one broadcast addition of the halved probabilities (halving is
-    exact; zeros are floored at the smallest normal number), one logarithm, one product and one sum per
-    block, each on at most ``block`` elements (two buffers: memory bounded), the block sums accumulated in
-    float64. No Python loop runs over pairs. The cost is about one logarithm per pair, input and class:
-    on a CPU that is the bound, and the speed-up over a per-pair loop (``benchmarks/pairwise_mi.py``)
-    comes from removing the per-pair overhead and the per-pair recomputation of the members' entropies;
-    a GPU runs the same blocks. On a CPU shared by more processes than cores, one torch thread
-    (``torch.set_num_threads(1)``) avoids stalls of the multi-threaded elementwise kernels.
+    where :math:`h_i = \frac1n \sum_x H(p_i(x))` is computed once per model (float64). The pairwise term
+    is computed for blocks of rows :math:`i` times columns :math:`j > i` (upper triangle only) and
+    chunks of the flattened ``(input, class)`` axis: one broadcast addition of the halved probabilities
+    (halving is exact; zeros are floored at the smallest normal number), one logarithm and one reduction
+    per block, on at most ``block`` elements (two buffers: memory bounded), the chunk sums accumulated in
+    float64. No Python loop runs over pairs.
+
+    The cost is one logarithm per pair, input and class. On the CPU the blocks are numpy arrays:
+    numpy's vectorised float32 logarithm is about three times as fast as torch's, and the product and
+    the sum are one BLAS dot product per pair and chunk. Blocks of rows are split over ``workers``
+    threads (numpy releases the GIL), each with its own buffers; a pair's value does not depend on the
+    thread that computes it, so the result is the same for every ``workers``. On CUDA the same blocks
+    run in torch. ``benchmarks/pairwise_mi.py`` times it against a per-pair loop.
 
     Args:
         p: ``(N, n, C)`` probabilities of ``N >= 2`` models on ``n`` inputs.
         square: return the symmetric ``(N, N)`` matrix (zero diagonal) instead of the condensed vector.
-        block: elements per block (default :math:`2^{20}` on CPU, :math:`2^{24}` on CUDA).
+        block: elements per block (default :math:`2^{17}` on CPU, :math:`2^{24}` on CUDA); a feature chunk
+            holds at most ``block`` (and on the CPU :data:`CPU_MAX_WIDTH`) features.
         dtype: the dtype of the blocks (default: ``p``'s); float64 for exact checks.
         progress: show a progress bar over row blocks.
+        workers: CPU threads (default ``torch.get_num_threads()``); ignored on CUDA.
 
     Returns:
         float64 tensor on ``p``'s device: the condensed vector of the :math:`N(N-1)/2` pairs in
@@ -390,46 +464,57 @@ def pairwise_mi(
     dtype = dtype or p.dtype
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    on_cpu = p.device.type == "cpu"
     if block is None:
-        block = 2**24 if p.device.type == "cuda" else 2**20
+        block = 2**17 if on_cpu else 2**24
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive integer (elements per block), got {block!r}")
+    if workers is None:
+        workers = torch.get_num_threads()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer (CPU threads), got {workers!r}")
     dev = p.device
     feats = n_inputs * n_classes
-    # Halves, floored at the smallest normal number so that log(q) is finite: a zero probability then
-    # contributes tiny * log(tiny) ~ 1e-36 (float32) instead of 0 log 0 = 0, far below rounding.
-    tiny = torch.finfo(dtype).tiny
-    half = (p.to(dtype) * 0.5).clamp_min_(tiny).reshape(n_models, feats)
+    chunks, width, rows, cols = _layout(feats, block, CPU_MAX_WIDTH if on_cpu else feats)
+    hc = _chunked_halves(p, dtype, chunks, width)
     h = entropy(p.to(torch.float64)).mean(1)  # (N,) mean entropy of each model
-    width = min(feats, max(1, block // 64))  # feature chunk
-    side = max(1, math.isqrt(max(1, block // width)))  # rows = columns per block
-    out = torch.empty(n_models * (n_models - 1) // 2, dtype=torch.float64, device=dev)
-    buf = torch.empty(2, side * side * width, dtype=dtype, device=dev)
-    starts = range(0, n_models, side)
+    sums = torch.empty(n_models * (n_models - 1) // 2, dtype=torch.float64, device=dev)
+    starts = list(range(0, n_models - 1, rows))
     with _progress.bar(total=len(starts), desc="pairwise MI", enabled=progress) as pbar:
-        for r0 in starts:
-            rows = torch.arange(r0, min(r0 + side, n_models), device=dev)
-            a = half[r0 : r0 + side]
-            for c0 in range(r0, n_models, side):
-                cols = torch.arange(c0, min(c0 + side, n_models), device=dev)
-                b = half[c0 : c0 + side]
-                acc = torch.zeros(len(rows), len(cols), dtype=torch.float64, device=dev)
-                for f0 in range(0, feats, width):
-                    f1 = min(f0 + width, feats)
-                    shape = (len(rows), len(cols), f1 - f0)
-                    q, log_q = (v[: math.prod(shape)].view(shape) for v in buf)
-                    torch.add(a[:, None, f0:f1], b[None, :, f0:f1], out=q)
-                    torch.log(q, out=log_q)
-                    # the chunk's sum of q log q (float32 pairwise summation), accumulated in float64
-                    acc += torch.mul(q, log_q, out=log_q).sum(-1).double()
-                mi = -acc / n_inputs - (h[rows, None] + h[None, cols]) / 2
-                i, j = torch.broadcast_tensors(rows[:, None], cols[None, :])
-                keep = i < j
-                out[_condensed_index(i[keep], j[keep], n_models)] = mi[keep]
-            pbar.update(1)
+        if on_cpu:
+            _qlogq_sums_cpu(hc.numpy(), starts, rows, cols, sums.numpy(), workers, pbar)
+        else:
+            q, log_q = torch.empty(2, rows * cols * width, dtype=dtype, device=dev)
+            for r0 in starts:
+                _row_block(hc, r0, min(r0 + rows, n_models), cols, q, log_q, sums)
+                pbar.update(1)
+    iu = torch.triu_indices(n_models, n_models, 1, device=dev)
+    out = -sums / n_inputs - (h[iu[0]] + h[iu[1]]) / 2
     if not square:
         return out
     mat = torch.zeros(n_models, n_models, dtype=torch.float64, device=dev)
-    iu = torch.triu_indices(n_models, n_models, 1, device=dev)
     mat[iu[0], iu[1]] = out
     return mat + mat.T
+
+
+def _qlogq_sums_cpu(hc: np.ndarray, starts: list[int], rows: int, cols: int, out: np.ndarray, workers: int,
+                    pbar) -> None:
+    """:func:`_row_block` for the row blocks starting at ``starts``, on ``workers`` threads (one: this
+    thread), each thread with its own two buffers."""
+    n, width = hc.shape[1:]
+    local = threading.local()
+
+    def run(r0: int) -> None:
+        if not hasattr(local, "bufs"):
+            local.bufs = np.empty((2, rows * cols * width), dtype=hc.dtype)
+        _row_block(hc, r0, min(r0 + rows, n), cols, *local.bufs, out)
+
+    if workers == 1 or len(starts) == 1:
+        for r0 in starts:
+            run(r0)
+            pbar.update(1)
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(starts)), thread_name_prefix="pairwise_mi") as pool:
+        for future in as_completed([pool.submit(run, r0) for r0 in starts]):
+            future.result()  # re-raises a worker's error
+            pbar.update(1)

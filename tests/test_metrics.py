@@ -181,6 +181,45 @@ def test_pairwise_mi_float32_blocks_agree_with_float64():
     torch.testing.assert_close(M.pairwise_mi(p, block=5000), ref, rtol=1e-4, atol=1e-6)
 
 
+def test_pairwise_mi_padded_chunks_are_exact():
+    """52 features in chunks of 18 (block 20): the last chunk is padded with halves 1/2, where q = 1 and
+    q log q = 0 exactly, so the float64 values still equal the loop's."""
+    p = _probs(6, 13, 4, 7, 3.0)
+    assert M._layout(52, 20, M.CPU_MAX_WIDTH)[:2] == (3, 18)
+    torch.testing.assert_close(M.pairwise_mi(p, block=20), _pairwise_loop(p), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pairwise_mi_does_not_depend_on_the_number_of_workers(dtype):
+    """Row blocks split over 1, 2 or 3 threads: every pair is computed by the same block whichever thread
+    runs it, so the results are bitwise equal (float32 blocks included)."""
+    p = _probs(23, 40, 10, 8, 3.0, dtype=dtype)
+    one = M.pairwise_mi(p, block=700, workers=1)  # 1 pair per block, 22 row blocks
+    for workers in (2, 3):
+        assert torch.equal(M.pairwise_mi(p, block=700, workers=workers), one)
+    tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(one, _pairwise_loop(p.double()), **tol)
+
+
+def test_pairwise_mi_torch_blocks_equal_numpy_blocks():
+    """The torch blocks (the CUDA path, here run on the CPU) give the same sums of q log q as the numpy
+    blocks of the CPU path (3 chunks of 50 features, blocks of 2 x 50 pairs)."""
+    p = _probs(9, 30, 5, 9, 2.0)
+    chunks, width, rows, cols = M._layout(150, 5000, 64)
+    assert (chunks, width, rows, cols) == (3, 50, 2, 50)
+    hc = M._chunked_halves(p, torch.float64, chunks, width)
+    n_pairs = 9 * 8 // 2
+    sums = {lib: torch.zeros(n_pairs, dtype=torch.float64) for lib in ("numpy", "torch")}
+    bufs = torch.empty(2, rows * cols * width, dtype=torch.float64)
+    for r0 in range(0, 8, rows):
+        M._row_block(hc.numpy(), r0, min(r0 + rows, 9), cols, *bufs.numpy(), sums["numpy"].numpy())
+        M._row_block(hc, r0, min(r0 + rows, 9), cols, *bufs, sums["torch"])
+    torch.testing.assert_close(sums["torch"], sums["numpy"], rtol=1e-13, atol=0)
+    i, j = torch.triu_indices(9, 9, 1)
+    q = (p[i] + p[j]) / 2
+    torch.testing.assert_close(sums["numpy"], torch.special.xlogy(q, q).sum((1, 2)), rtol=1e-12, atol=1e-14)
+
+
 # ---------------------------------------------------------------------------------------- bad input
 def test_bad_input_names_problem_and_fix():
     p, y = _probs(2, 5, 3, 0), _labels(5, 3, 1)
@@ -210,6 +249,8 @@ def test_bad_input_names_problem_and_fix():
         M.aupr(p, _probs(2, 5, 4, 2))
     with pytest.raises(ValueError, match="at least two models"):
         M.pairwise_mi(p[:1])
+    with pytest.raises(ValueError, match="workers must be a positive integer"):
+        M.pairwise_mi(p, workers=0)
     M.evaluate(p, y, _probs(2, 8, 3, 2))  # a different number of OOD inputs is fine
 
 
