@@ -457,7 +457,7 @@ def pairwise_mi(
         float64 tensor on ``p``'s device: the condensed vector of the :math:`N(N-1)/2` pairs in
         ``scipy.spatial.distance.squareform`` order (``(0,1), (0,2), ..., (1,2), ...``), or the square matrix.
     """
-    check_probs(p, "p")
+    _check_probs_quick(p)
     n_models, n_inputs, n_classes = p.shape
     if n_models < 2:
         raise ValueError(f"pairwise_mi needs at least two models, got p of shape {tuple(p.shape)}")
@@ -476,18 +476,13 @@ def pairwise_mi(
     dev = p.device
     feats = n_inputs * n_classes
     chunks, width, rows, cols = _layout(feats, block, CPU_MAX_WIDTH if on_cpu else feats)
-    hc = _chunked_halves(p, dtype, chunks, width)
-    h = entropy(p.to(torch.float64)).mean(1)  # (N,) mean entropy of each model
     sums = torch.empty(n_models * (n_models - 1) // 2, dtype=torch.float64, device=dev)
-    starts = list(range(0, n_models - 1, rows))
-    with _progress.bar(total=len(starts), desc="pairwise MI", enabled=progress) as pbar:
+    with _progress.bar(total=len(range(0, n_models - 1, rows)), desc="pairwise MI", enabled=progress) as pbar:
         if on_cpu:
-            _qlogq_sums_cpu(hc.numpy(), starts, rows, cols, sums.numpy(), workers, pbar)
+            h = _pairwise_sums_cpu(p, dtype, chunks, width, rows, cols, sums.numpy(), workers, pbar)
+            h = torch.from_numpy(h)
         else:
-            q, log_q = torch.empty(2, rows * cols * width, dtype=dtype, device=dev)
-            for r0 in starts:
-                _row_block(hc, r0, min(r0 + rows, n_models), cols, q, log_q, sums)
-                pbar.update(1)
+            h = _pairwise_sums_torch(p, dtype, chunks, width, rows, cols, sums, pbar)
     iu = torch.triu_indices(n_models, n_models, 1, device=dev)
     out = -sums / n_inputs - (h[iu[0]] + h[iu[1]]) / 2
     if not square:
@@ -497,24 +492,89 @@ def pairwise_mi(
     return mat + mat.T
 
 
-def _qlogq_sums_cpu(hc: np.ndarray, starts: list[int], rows: int, cols: int, out: np.ndarray, workers: int,
-                    pbar) -> None:
-    """:func:`_row_block` for the row blocks starting at ``starts``, on ``workers`` threads (one: this
-    thread), each thread with its own two buffers."""
-    n, width = hc.shape[1:]
+def _pairwise_sums_torch(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: int, rows: int, cols: int,
+                         out: torch.Tensor, pbar) -> torch.Tensor:
+    r"""The torch path of :func:`pairwise_mi` (CUDA): as :func:`_pairwise_sums_cpu`, on ``p``'s device, one
+    row block after the other."""
+    n_models, n_inputs = p.shape[:2]
+    hc = _chunked_halves(p, dtype, chunks, width)
+    p64 = p.reshape(n_models, -1).double()
+    h = -torch.special.xlogy(p64, p64).sum(1) / n_inputs
+    q, log_q = torch.empty(2, rows * cols * width, dtype=dtype, device=p.device)
+    for r0 in range(0, n_models - 1, rows):
+        _row_block(hc, r0, min(r0 + rows, n_models), cols, q, log_q, out)
+        pbar.update(1)
+    return h
+
+
+def _check_probs_quick(p: torch.Tensor) -> None:
+    """:func:`check_probs` ``(p, "p")``, in three fast passes (numpy minimum, maximum, float32 row sums by
+    BLAS) when ``p`` is a plainly valid CPU tensor; anything else, and row sums within rounding of the
+    tolerance, goes to :func:`check_probs` itself (same decisions, same messages)."""
+    if (p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) and p.ndim == 3
+            and p.numel() > 0 and p.shape[-1] >= 2 and p.is_contiguous()):
+        a = p.detach().numpy().reshape(-1, p.shape[-1])
+        lo, hi = a.min(), a.max()  # NaN propagates: then lo >= 0 is false
+        if lo >= 0 and np.isfinite(hi):
+            dev = float(np.abs(a @ np.ones(a.shape[1], a.dtype) - 1).max())
+            # a sum of C non-negative terms near 1 is off by at most C eps from the float64 sum
+            if dev + 2 * a.shape[1] * np.finfo(a.dtype).eps <= SUM_ATOL:
+                return
+    check_probs(p, "p")
+
+
+def _in_threads(fn, items: list, workers: int, pbar=None) -> None:
+    """``fn(item)`` for every item, on ``workers`` threads (one: this thread); ``pbar`` counts the items."""
+    if workers == 1 or len(items) == 1:
+        for item in items:
+            fn(item)
+            if pbar is not None:
+                pbar.update(1)
+        return
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="pairwise_mi") as pool:
+        for future in as_completed([pool.submit(fn, item) for item in items]):
+            future.result()  # re-raises a worker's error
+            if pbar is not None:
+                pbar.update(1)
+
+
+def _pairwise_sums_cpu(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: int, rows: int, cols: int,
+                       out: np.ndarray, workers: int, pbar) -> np.ndarray:
+    r"""The CPU path of :func:`pairwise_mi`, numpy on ``workers`` threads: write the pairs'
+    :math:`\sum_{x, c} q \log q` into ``out`` (condensed) and return the models' mean entropies
+    :math:`h` (float64).
+
+    Two passes, each split over the threads: per block of 8 models, their halves (as
+    :func:`_chunked_halves`) and :math:`h_i = -\frac1n p_i \cdot \log p_i` (float64, one dot product);
+    then :func:`_row_block` per block of ``rows`` rows, each thread with its own two buffers.
+    """
+    n_models, n_inputs = p.shape[:2]
+    flat = p.detach().reshape(n_models, -1)
+    flat = (flat if flat.dtype in (torch.float32, torch.float64) else flat.to(dtype)).numpy()
+    feats = flat.shape[1]
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    hc = np.empty((chunks, n_models, width), dtype=np_dtype)
+    hc[-1, :, feats - (chunks - 1) * width :] = 0.5  # padding: q = 1, q log q = 0
+    h = np.empty(n_models)
+    tiny, tiny64 = np.finfo(np_dtype).tiny, np.finfo(np.float64).tiny
+
+    def prepare(m0: int) -> None:
+        m1 = min(m0 + 8, n_models)
+        x = flat[m0:m1].astype(np.float64)
+        h[m0:m1] = -np.matmul(x[:, None, :], np.log(np.maximum(x, tiny64))[:, :, None])[:, 0, 0] / n_inputs
+        for k in range(chunks):
+            f0, f1 = k * width, min((k + 1) * width, feats)
+            dst = hc[k, m0:m1, : f1 - f0]
+            np.multiply(flat[m0:m1, f0:f1], 0.5, out=dst)
+            np.maximum(dst, tiny, out=dst)
+
     local = threading.local()
 
-    def run(r0: int) -> None:
+    def row_block(r0: int) -> None:
         if not hasattr(local, "bufs"):
-            local.bufs = np.empty((2, rows * cols * width), dtype=hc.dtype)
-        _row_block(hc, r0, min(r0 + rows, n), cols, *local.bufs, out)
+            local.bufs = np.empty((2, rows * cols * width), dtype=np_dtype)
+        _row_block(hc, r0, min(r0 + rows, n_models), cols, *local.bufs, out)
 
-    if workers == 1 or len(starts) == 1:
-        for r0 in starts:
-            run(r0)
-            pbar.update(1)
-        return
-    with ThreadPoolExecutor(max_workers=min(workers, len(starts)), thread_name_prefix="pairwise_mi") as pool:
-        for future in as_completed([pool.submit(run, r0) for r0 in starts]):
-            future.result()  # re-raises a worker's error
-            pbar.update(1)
+    _in_threads(prepare, list(range(0, n_models, 8)), workers)
+    _in_threads(row_block, list(range(0, n_models - 1, rows)), workers, pbar)
+    return h

@@ -201,23 +201,44 @@ def test_pairwise_mi_does_not_depend_on_the_number_of_workers(dtype):
     torch.testing.assert_close(one, _pairwise_loop(p.double()), **tol)
 
 
-def test_pairwise_mi_torch_blocks_equal_numpy_blocks():
-    """The torch blocks (the CUDA path, here run on the CPU) give the same sums of q log q as the numpy
-    blocks of the CPU path (3 chunks of 50 features, blocks of 2 x 50 pairs)."""
-    p = _probs(9, 30, 5, 9, 2.0)
-    chunks, width, rows, cols = M._layout(150, 5000, 64)
-    assert (chunks, width, rows, cols) == (3, 50, 2, 50)
-    hc = M._chunked_halves(p, torch.float64, chunks, width)
-    n_pairs = 9 * 8 // 2
-    sums = {lib: torch.zeros(n_pairs, dtype=torch.float64) for lib in ("numpy", "torch")}
-    bufs = torch.empty(2, rows * cols * width, dtype=torch.float64)
-    for r0 in range(0, 8, rows):
-        M._row_block(hc.numpy(), r0, min(r0 + rows, 9), cols, *bufs.numpy(), sums["numpy"].numpy())
-        M._row_block(hc, r0, min(r0 + rows, 9), cols, *bufs, sums["torch"])
-    torch.testing.assert_close(sums["torch"], sums["numpy"], rtol=1e-13, atol=0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pairwise_mi_torch_path_equals_numpy_path(dtype):
+    """The torch path (CUDA's, here run on the CPU) gives the same sums of q log q and mean entropies as the
+    numpy path of the CPU, on 3 chunks of 47 features (the last padded by one) and blocks of 2 x 53 pairs."""
+    p = _probs(9, 28, 5, 9, 2.0)
+    layout = M._layout(140, 5000, 64)
+    assert layout == (3, 47, 2, 53)
+    sums = {path: torch.zeros(9 * 8 // 2, dtype=torch.float64) for path in ("numpy", "torch")}
+    no_bar = M._progress.bar(enabled=False)
+    h_np = M._pairwise_sums_cpu(p, dtype, *layout, sums["numpy"].numpy(), 2, no_bar)
+    h_torch = M._pairwise_sums_torch(p, dtype, *layout, sums["torch"], no_bar)
+    torch.testing.assert_close(torch.from_numpy(h_np), h_torch, rtol=1e-13, atol=0)
+    torch.testing.assert_close(h_torch, M.entropy(p).mean(1), rtol=1e-13, atol=0)
+    tol = dict(rtol=1e-6, atol=0) if dtype == torch.float32 else dict(rtol=1e-13, atol=0)
+    torch.testing.assert_close(sums["torch"], sums["numpy"], **tol)
     i, j = torch.triu_indices(9, 9, 1)
     q = (p[i] + p[j]) / 2
-    torch.testing.assert_close(sums["numpy"], torch.special.xlogy(q, q).sum((1, 2)), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(sums["numpy"], torch.special.xlogy(q, q).sum((1, 2)), **tol)
+
+
+def test_pairwise_mi_validates_like_check_probs():
+    """pairwise_mi's fast validation takes the same decisions as check_probs: row sums off by 0.9e-3 pass,
+    1.1e-3 fail (SUM_ATOL = 1e-3); NaN, inf, negative values and half-precision inputs too."""
+    p = _probs(3, 5, 4, 10, dtype=torch.float32)
+    for off, ok in ((0.9e-3, True), (-0.9e-3, True), (1.1e-3, False), (-1.1e-3, False)):
+        q = p.clone()
+        q[1, 2] *= 1 + off
+        if ok:
+            M.pairwise_mi(q)
+        else:
+            with pytest.raises(ValueError, match="does not sum to one"):
+                M.pairwise_mi(q)
+    for bad, match in ((float("nan"), "non-finite"), (float("inf"), "non-finite"), (-0.1, "negative")):
+        q = p.clone()
+        q[0, 0, 0] = bad
+        with pytest.raises(ValueError, match=match):
+            M.pairwise_mi(q)
+    torch.testing.assert_close(M.pairwise_mi(p.half(), dtype=torch.float64), M.pairwise_mi(p.half().double()))
 
 
 # ---------------------------------------------------------------------------------------- bad input
