@@ -378,39 +378,60 @@ def _chunked_halves(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: int
     return half.view(n, chunks, width).transpose(0, 1).contiguous()
 
 
-def _row_block(hc, r0: int, r1: int, cols: int, q, log_q, out) -> None:
+def _row_block_np(hc: np.ndarray, r0: int, r1: int, bufs: tuple[np.ndarray, ...], out: np.ndarray) -> None:
     r"""Write :math:`\sum_{x, c} q \log q` of the pairs ``(i, j)``, ``r0 <= i < r1``, ``j > i``, into their
-    condensed positions of ``out``.
+    condensed positions of ``out`` (numpy: the CPU path).
 
-    ``hc`` is :func:`_chunked_halves`' ``(chunks, N, width)``, as a numpy array on the CPU or a torch tensor
-    (same code: the two libraries share these calls). The columns ``j > r0`` are taken ``cols`` at a time;
-    each block and chunk is one broadcast addition into the buffer ``q``, one logarithm into ``log_q`` and
-    one reduction accumulated in float64: on the CPU the base-2 logarithm and a BLAS dot product
-    :math:`(1, w) \times (w, 1)` per pair (numpy's matmul: no product pass), the sums times
-    :math:`\ln 2`; elsewhere torch's natural logarithm, product and float32 sum.
+    ``hc`` is the ``(chunks, N, width)`` array of halves (:func:`_chunked_halves`); ``bufs`` are a thread's
+    buffers ``q`` and ``log_q`` of shape ``(rows, cols, width)`` and ``dots`` ``(rows, cols, 1, 1)``. The
+    columns ``j > r0`` are taken ``cols`` at a time; each block and chunk is one broadcast addition into
+    ``q``, one base-2 logarithm into ``log_q`` (numpy's float32 ``log2`` is 1.5x the speed of ``log``) and
+    one BLAS dot product :math:`(1, w) \times (w, 1)` per pair (matmul: no product pass), accumulated in
+    float64; the sums are multiplied by :math:`\ln 2` at the end.
     """
-    chunks, n, width = hc.shape
-    c_first = r0 + 1
-    numpy = isinstance(hc, np.ndarray)
-    shape = (r1 - r0, n - c_first)
-    acc = np.zeros(shape) if numpy else hc.new_zeros(shape, dtype=torch.float64)
+    chunks, n, _ = hc.shape
+    rows, c_first = r1 - r0, r0 + 1
+    q, log_q, dots = (b[:rows] for b in bufs)
+    cols = q.shape[1]
+    full = q, log_q, dots, q[:, :, None, :], log_q[:, :, :, None]
+    acc = np.zeros((rows, n - c_first))
     for c0 in range(c_first, n, cols):
-        c1 = min(c0 + cols, n)
-        span = slice(c0 - c_first, c1 - c_first)
-        shape = (r1 - r0, c1 - c0, width)
-        size = math.prod(shape)
-        qq, ll = q[:size].reshape(shape), log_q[:size].reshape(shape)
+        m = min(cols, n - c0)
+        if m == cols:
+            qq, ll, dd, q4, l4 = full
+        else:
+            qq, ll, dd = q[:, :m], log_q[:, :m], dots[:, :m]
+            q4, l4 = qq[:, :, None, :], ll[:, :, :, None]
+        dst = acc[:, c0 - c_first : c0 - c_first + m]
         for k in range(chunks):
             hk = hc[k]
-            (np if numpy else torch).add(hk[r0:r1, None], hk[None, c0:c1], out=qq)
-            if numpy:  # log2 (0.26 ns per float32 on AVX-512) is faster than log (0.39 ns): times ln 2 below
-                np.log2(qq, out=ll)
-                acc[:, span] += np.matmul(qq[:, :, None, :], ll[:, :, :, None])[:, :, 0, 0]
-            else:  # the chunk's float32 sum (pairwise summation), accumulated in float64
-                torch.log(qq, out=ll)
-                acc[:, span] += torch.mul(qq, ll, out=ll).sum(-1).double()
-    if numpy:
-        acc *= math.log(2)
+            np.add(hk[r0:r1, None], hk[None, c0 : c0 + m], out=qq)
+            np.log2(qq, out=ll)
+            np.matmul(q4, l4, out=dd)
+            dst += dd[:, :, 0, 0]
+    acc *= math.log(2)
+    for k, i in enumerate(range(r0, r1)):
+        s = n * i - i * (i + 1) // 2
+        out[s : s + n - i - 1] = acc[k, i - r0 :]
+
+
+def _row_block_torch(hc: torch.Tensor, r0: int, r1: int, cols: int, q: torch.Tensor, log_q: torch.Tensor,
+                     out: torch.Tensor) -> None:
+    """:func:`_row_block_np` in torch (the CUDA path): natural logarithm, product and float32 sum (pairwise
+    summation) per chunk, accumulated in float64; ``q`` and ``log_q`` are flat buffers."""
+    chunks, n, width = hc.shape
+    c_first = r0 + 1
+    acc = hc.new_zeros((r1 - r0, n - c_first), dtype=torch.float64)
+    for c0 in range(c_first, n, cols):
+        c1 = min(c0 + cols, n)
+        shape = (r1 - r0, c1 - c0, width)
+        size = math.prod(shape)
+        qq, ll = q[:size].view(shape), log_q[:size].view(shape)
+        for k in range(chunks):
+            hk = hc[k]
+            torch.add(hk[r0:r1, None], hk[None, c0:c1], out=qq)
+            torch.log(qq, out=ll)
+            acc[:, c0 - c_first : c1 - c_first] += torch.mul(qq, ll, out=ll).sum(-1).double()
     for k, i in enumerate(range(r0, r1)):
         s = n * i - i * (i + 1) // 2
         out[s : s + n - i - 1] = acc[k, i - r0 :]
@@ -509,7 +530,7 @@ def _pairwise_sums_torch(p: torch.Tensor, dtype: torch.dtype, chunks: int, width
     h = -torch.special.xlogy(p64, p64).sum(1) / n_inputs
     q, log_q = torch.empty(2, rows * cols * width, dtype=dtype, device=p.device)
     for r0 in range(0, n_models - 1, rows):
-        _row_block(hc, r0, min(r0 + rows, n_models), cols, q, log_q, out)
+        _row_block_torch(hc, r0, min(r0 + rows, n_models), cols, q, log_q, out)
         pbar.update(1)
     return h
 
@@ -553,7 +574,7 @@ def _pairwise_sums_cpu(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: 
 
     Two passes, each split over the threads: per block of 8 models, their halves (as
     :func:`_chunked_halves`) and :math:`h_i = -\frac1n p_i \cdot \log p_i` (float64, one dot product);
-    then :func:`_row_block` per block of ``rows`` rows, each thread with its own two buffers.
+    then :func:`_row_block_np` per block of ``rows`` rows, each thread with its own two buffers.
     """
     n_models, n_inputs = p.shape[:2]
     flat = p.detach().reshape(n_models, -1)
@@ -579,8 +600,9 @@ def _pairwise_sums_cpu(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: 
 
     def row_block(r0: int) -> None:
         if not hasattr(local, "bufs"):
-            local.bufs = np.empty((2, rows * cols * width), dtype=np_dtype)
-        _row_block(hc, r0, min(r0 + rows, n_models), cols, *local.bufs, out)
+            shapes = [(rows, cols, width)] * 2 + [(rows, cols, 1, 1)]  # q, log_q, the dot products
+            local.bufs = tuple(np.empty(shape, np_dtype) for shape in shapes)
+        _row_block_np(hc, r0, min(r0 + rows, n_models), local.bufs, out)
 
     _in_threads(prepare, list(range(0, n_models, 8)), workers)
     _in_threads(row_block, list(range(0, n_models - 1, rows)), workers, pbar)
