@@ -343,9 +343,10 @@ def evaluate(p_id: torch.Tensor, y_id: torch.Tensor, p_ood: torch.Tensor | None 
 
 
 # ------------------------------------------------------------------------------------ pairwise MI
-CPU_MAX_WIDTH = 10_000
-"""Most features per chunk on the CPU: bounds the length of one float32 dot product (rounding) and stays at
-OpenBLAS's single-threaded size, under :func:`pairwise_mi`'s own worker threads."""
+CPU_MAX_WIDTH = 2_500
+"""Most features per chunk on the CPU: bounds the length of one float32 dot product, whose rounding
+is about one ulp of its result (3.7e-7 nats of MI on 1,000 random OptuNets with 10,000 features in one
+chunk, 1.8e-7 in chunks of 2,500, at the same speed), and stays below OpenBLAS's threading threshold."""
 
 
 def _condensed_index(i: torch.Tensor, j: torch.Tensor, n: int) -> torch.Tensor:
@@ -355,13 +356,12 @@ def _condensed_index(i: torch.Tensor, j: torch.Tensor, n: int) -> torch.Tensor:
 
 def _layout(feats: int, block: int, max_width: int) -> tuple[int, int, int, int]:
     """``(chunks, width, rows, cols)``: the features in ``chunks`` chunks of equal ``width`` (at most
-    ``max_width`` and ``block``), and blocks of ``rows`` x ``cols`` pairs of at most ``block`` elements,
-    few rows (long columns: fewer wasted pairs on the diagonal)."""
+    ``max_width`` and ``block``; the last one padded), and square blocks of ``rows`` x ``cols`` pairs of
+    at most ``block`` elements (each column block read from memory once for ``rows`` rows)."""
     chunks = -(-feats // min(feats, max_width, block))
     width = -(-feats // chunks)
-    pairs = max(1, block // width)
-    rows = max(1, math.isqrt(pairs) // 4)
-    return chunks, width, rows, pairs // rows
+    side = max(1, math.isqrt(block // width))
+    return chunks, width, side, side
 
 
 def _chunked_halves(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: int) -> torch.Tensor:

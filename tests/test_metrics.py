@@ -204,10 +204,10 @@ def test_pairwise_mi_does_not_depend_on_the_number_of_workers(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_pairwise_mi_torch_path_equals_numpy_path(dtype):
     """The torch path (CUDA's, here run on the CPU) gives the same sums of q log q and mean entropies as the
-    numpy path of the CPU, on 3 chunks of 47 features (the last padded by one) and blocks of 2 x 53 pairs."""
+    numpy path of the CPU, on 3 chunks of 47 features (the last padded by one) and blocks of 10 x 10 pairs."""
     p = _probs(9, 28, 5, 9, 2.0)
     layout = M._layout(140, 5000, 64)
-    assert layout == (3, 47, 2, 53)
+    assert layout == (3, 47, 10, 10)
     sums = {path: torch.zeros(9 * 8 // 2, dtype=torch.float64) for path in ("numpy", "torch")}
     no_bar = M._progress.bar(enabled=False)
     h_np = M._pairwise_sums_cpu(p, dtype, *layout, sums["numpy"].numpy(), 2, no_bar)
