@@ -349,9 +349,14 @@ is about one ulp of its result (3.7e-7 nats of MI on 1,000 random OptuNets with 
 chunk, 1.8e-7 in chunks of 2,500, at the same speed), and stays below OpenBLAS's threading threshold."""
 
 
-def _condensed_index(i: torch.Tensor, j: torch.Tensor, n: int) -> torch.Tensor:
-    """Position of pair ``(i, j)``, ``i < j``, in ``scipy.spatial.distance.squareform``'s condensed order."""
-    return n * i - i * (i + 1) // 2 + (j - i - 1)
+def _write_rows(out, acc, r0: int, n: int) -> None:
+    """Rows ``i = r0, r0 + 1, ...`` of ``acc`` (columns ``j = r0 + 1, ..., n - 1``) into ``out``, the
+    condensed vector in ``scipy.spatial.distance.squareform`` order: pairs ``(i, j > i)`` start at
+    ``n i - i (i + 1) / 2``."""
+    for k in range(acc.shape[0]):
+        i = r0 + k
+        s = n * i - i * (i + 1) // 2
+        out[s : s + n - i - 1] = acc[k, k:]
 
 
 def _layout(feats: int, block: int, max_width: int) -> tuple[int, int, int, int]:
@@ -410,9 +415,7 @@ def _row_block_np(hc: np.ndarray, r0: int, r1: int, bufs: tuple[np.ndarray, ...]
             np.matmul(q4, l4, out=dd)
             dst += dd[:, :, 0, 0]
     acc *= math.log(2)
-    for k, i in enumerate(range(r0, r1)):
-        s = n * i - i * (i + 1) // 2
-        out[s : s + n - i - 1] = acc[k, i - r0 :]
+    _write_rows(out, acc, r0, n)
 
 
 def _row_block_torch(hc: torch.Tensor, r0: int, r1: int, cols: int, q: torch.Tensor, log_q: torch.Tensor,
@@ -432,9 +435,7 @@ def _row_block_torch(hc: torch.Tensor, r0: int, r1: int, cols: int, q: torch.Ten
             torch.add(hk[r0:r1, None], hk[None, c0:c1], out=qq)
             torch.log(qq, out=ll)
             acc[:, c0 - c_first : c1 - c_first] += torch.mul(qq, ll, out=ll).sum(-1).double()
-    for k, i in enumerate(range(r0, r1)):
-        s = n * i - i * (i + 1) // 2
-        out[s : s + n - i - 1] = acc[k, i - r0 :]
+    _write_rows(out, acc, r0, n)
 
 
 @torch.no_grad()
