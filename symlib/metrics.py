@@ -345,8 +345,9 @@ def evaluate(p_id: torch.Tensor, y_id: torch.Tensor, p_ood: torch.Tensor | None 
 # ------------------------------------------------------------------------------------ pairwise MI
 CPU_MAX_WIDTH = 2_500
 """Most features per chunk on the CPU: bounds the length of one float32 dot product, whose rounding
-is about one ulp of its result (3.7e-7 nats of MI on 1,000 random OptuNets with 10,000 features in one
-chunk, 1.8e-7 in chunks of 2,500, at the same speed), and stays below OpenBLAS's threading threshold."""
+is about one ulp of its result (against float64 blocks, on randomly initialised OptuNets: 3.7e-7 nats of
+MI with 10,000 features in one chunk, 1.8e-7 in chunks of 2,500, at the same speed), and stays below
+OpenBLAS's threading threshold."""
 
 
 def _write_rows(out, acc, r0: int, n: int) -> None:
@@ -469,9 +470,10 @@ def pairwise_mi(
     product per pair and chunk (no product pass). The models' halves and mean entropies, then the blocks
     of rows, are split over ``workers`` threads (numpy releases the GIL), each with its own buffers; a
     pair's value does not depend on the thread that computes it, so the result is the same for every
-    ``workers``. The input check runs as three fast passes, deferring to :func:`check_probs` unless
-    ``p`` is plainly valid. On CUDA the same blocks run in torch. ``benchmarks/pairwise_mi.py`` times it
-    against a per-pair loop.
+    ``workers``. numpy's ``matmul`` keeps the GIL (about a sixth of the work), so on the 2-core machine
+    of the book two workers are about 1.3x one. The input check runs as three fast passes, deferring to
+    :func:`check_probs` unless ``p`` is plainly valid. On CUDA the same blocks run in torch.
+    ``benchmarks/pairwise_mi.py`` times it against a per-pair loop.
 
     Args:
         p: ``(N, n, C)`` probabilities of ``N >= 2`` models on ``n`` inputs.
