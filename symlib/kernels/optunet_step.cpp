@@ -36,16 +36,16 @@ struct Lanes {
 template <typename T>
 struct Buffers {
   using V = typename Lanes<T>::V;
-  static constexpr int SIZES[] = {784, 128, 128, 160, 10, 10, 10, 160, 128, 32, 250};
+  static constexpr int SIZES[] = {784, 128, 128, 160, 10, 10, 10, 160, 128, 32, 250, 784, 128};
   V* base = nullptr;
-  V *xt, *pooled, *argk, *u, *feats, *dl, *dfe, *du, *da, *acc1, *acc2;
+  V *xt, *pooled, *argk, *u, *feats, *dl, *dfe, *du, *da, *acc1, *acc2, *stage, *act;
   explicit Buffers(int nv) {
     int total = 0;
     for (int n : SIZES) total += n;
     base = static_cast<V*>(std::aligned_alloc(64, sizeof(V) * total * nv));
-    V** slots[] = {&xt, &pooled, &argk, &u, &feats, &dl, &dfe, &du, &da, &acc1, &acc2};
+    V** slots[] = {&xt, &pooled, &argk, &u, &feats, &dl, &dfe, &du, &da, &acc1, &acc2, &stage, &act};
     V* p = base;
-    for (int i = 0; i < 11; ++i) {
+    for (int i = 0; i < 13; ++i) {
       *slots[i] = p;
       p += SIZES[i] * nv;
     }
@@ -54,6 +54,13 @@ struct Buffers {
   Buffers(const Buffers&) = delete;
   Buffers& operator=(const Buffers&) = delete;
 };
+
+template <typename T>
+static bool any_nonzero(const typename Lanes<T>::V& v) {
+  bool any = false;
+  for (int l = 0; l < Lanes<T>::L; ++l) any |= v[l] != T(0);
+  return any;
+}
 
 template <typename T>
 static T lane_sum(const typename Lanes<T>::V* v, int nv) {
@@ -87,17 +94,24 @@ static void one_model(int B, const T* __restrict x, const int64_t* __restrict st
   V* __restrict acc2 = s.acc2;
 
   // images, innermost: xt[(r * 28 + c), b] = pixel (r, c) of image b, at x[start[b] + r * row + c] (a
-  // window of a padded image: the random crop is this copy); padded lanes are zero images
+  // window of a padded image: the random crop is this copy); padded lanes are zero images. First each
+  // window is copied row by row into a contiguous stage (sequential reads of one image, which the
+  // hardware prefetches), then the stage is transposed 16 images at a time (contiguous writes).
   {
+    T* st = reinterpret_cast<T*>(s.stage);
+    for (int b = 0; b < B; ++b) {
+      const T* img = x + start[b];
+      for (int r = 0; r < 28; ++r)
+        for (int c = 0; c < 28; ++c) st[b * 784 + r * 28 + c] = img[r * row + c];
+    }
     T* xs = reinterpret_cast<T*>(xt);
     if (bp != B) std::memset(xs, 0, sizeof(T) * 784 * bp);
-    // 16 images x 16 pixels at a time: contiguous writes, and reads of 16 rows kept in L1
     for (int b0 = 0; b0 < B; b0 += 16) {
       const int nb = B - b0 < 16 ? B - b0 : 16;
       for (int k = 0; k < 784; ++k) {
         T* dst = xs + k * bp + b0;
-        const T* src = x + (k / 28) * row + k % 28;
-        for (int b = 0; b < nb; ++b) dst[b] = src[start[b0 + b]];
+        const T* src = st + b0 * 784 + k;
+        for (int b = 0; b < nb; ++b) dst[b] = src[b * 784];
       }
     }
   }
@@ -109,18 +123,22 @@ static void one_model(int B, const T* __restrict x, const int64_t* __restrict st
       const V* xp = xt + (3 * p * 28 + 3 * q) * nv;
       const int e = p * 8 + q;
       for (int v = 0; v < nv; ++v) {
-        V patch[36];
-        for (int r = 0; r < 6; ++r)
-          for (int c = 0; c < 6; ++c) patch[r * 6 + c] = xp[(r * 28 + c) * nv + v];
+        // the 9 x 2 conv outputs of the window stay in registers; each tap's two weights are broadcast
+        // once, each input value loaded once per use (two multiply-adds per load)
+        V a0[9], a1[9];
+        for (int k = 0; k < 9; ++k) a0[k] = a1[k] = zero;
+        for (int t = 0; t < 16; ++t) {
+          const V wa = zero + w1[t], wb = zero + w1[16 + t];
+          const int ti = t / 4, tj = t % 4;
+          for (int k = 0; k < 9; ++k) {
+            const V xv = xp[((k / 3 + ti) * 28 + k % 3 + tj) * nv + v];
+            a0[k] += wa * xv;
+            a1[k] += wb * xv;
+          }
+        }
         V best0 = zero, best1 = zero, arg0 = zero, arg1 = zero;
         for (int k = 0; k < 9; ++k) {
-          const int di = k / 3, dj = k % 3;
-          V v0 = zero, v1 = zero;
-          for (int t = 0; t < 16; ++t) {
-            const V xv = patch[(di + t / 4) * 6 + dj + t % 4];
-            v0 += w1[t] * xv;
-            v1 += w1[16 + t] * xv;
-          }
+          const V v0 = a0[k], v1 = a1[k];
           if (k == 0) {
             best0 = v0;
             best1 = v1;
@@ -142,20 +160,22 @@ static void one_model(int B, const T* __restrict x, const int64_t* __restrict st
     }
   }
 
-  // conv 2 on a = relu(pooled): channel o of group g reads input channel g; u: (10, 4 x 4)
+  // conv 2 on a = relu(pooled): channel o of group g reads input channel g; u: (10, 4 x 4). The 16
+  // outputs of a channel stay in registers, each weight is broadcast once.
+  V* __restrict act = s.act;
+  for (int i = 0; i < 128 * nv; ++i) act[i] = pooled[i] > zero ? pooled[i] : zero;
   for (int o = 0; o < 10; ++o) {
     const int g = o / 5;
     const T* w = w2 + o * 25;
-    for (int st = 0; st < 16; ++st) {
-      const V* ap = pooled + (g * 64 + (st / 4) * 8 + st % 4) * nv;
-      for (int v = 0; v < nv; ++v) {
-        V acc = zero;
-        for (int t = 0; t < 25; ++t) {
-          const V a = ap[((t / 5) * 8 + t % 5) * nv + v];
-          acc += w[t] * (a > zero ? a : zero);
-        }
-        u[(o * 16 + st) * nv + v] = acc;
+    for (int v = 0; v < nv; ++v) {
+      V acc[16];
+      for (int st = 0; st < 16; ++st) acc[st] = zero;
+      for (int t = 0; t < 25; ++t) {
+        const V wt = zero + w[t];
+        const int ki = t / 5, kj = t % 5;
+        for (int st = 0; st < 16; ++st) acc[st] += wt * act[(g * 64 + (st / 4 + ki) * 8 + st % 4 + kj) * nv + v];
       }
+      for (int st = 0; st < 16; ++st) u[(o * 16 + st) * nv + v] = acc[st];
     }
   }
 
@@ -231,34 +251,39 @@ static void one_model(int B, const T* __restrict x, const int64_t* __restrict st
         du[i] = u[i] > zero ? dfe[o * nv + v] / T(16) : zero;
       }
 
-  // conv 2: weight gradient (per-lane sums over the 16 positions) and input gradient
+  // conv 2: weight gradient (per-lane sums over the 16 positions; the 25 sums in registers) and input
+  // gradient (each input's sum gathered in a register)
   for (int o = 0; o < 10; ++o) {
     const int g = o / 5;
-    for (int t = 0; t < 25; ++t) {
-      const int ki = t / 5, kj = t % 5;
+    for (int v = 0; v < nv; ++v) {
+      V acc[25];
+      for (int t = 0; t < 25; ++t) acc[t] = zero;
+      for (int st = 0; st < 16; ++st) {
+        const V d = du[(o * 16 + st) * nv + v];
+        const int s0 = st / 4, t0 = st % 4;
+        for (int t = 0; t < 25; ++t) acc[t] += d * act[(g * 64 + (s0 + t / 5) * 8 + t0 + t % 5) * nv + v];
+      }
+      for (int t = 0; t < 25; ++t) acc2[(o * 25 + t) * nv + v] = acc[t];
+    }
+  }
+  for (int g = 0; g < 2; ++g)
+    for (int pq = 0; pq < 64; ++pq) {
+      const int pp = pq / 8, qq = pq % 8;
       for (int v = 0; v < nv; ++v) {
         V acc = zero;
-        for (int st = 0; st < 16; ++st) {
-          const V a = pooled[(g * 64 + (st / 4 + ki) * 8 + st % 4 + kj) * nv + v];
-          acc += du[(o * 16 + st) * nv + v] * (a > zero ? a : zero);
-        }
-        acc2[(o * 25 + t) * nv + v] = acc;
+        for (int o = 5 * g; o < 5 * g + 5; ++o)
+          for (int s0 = 0; s0 < 4; ++s0) {
+            const int ki = pp - s0;
+            if (ki < 0 || ki > 4) continue;
+            for (int t0 = 0; t0 < 4; ++t0) {
+              const int kj = qq - t0;
+              if (kj < 0 || kj > 4) continue;
+              acc += w2[o * 25 + ki * 5 + kj] * du[(o * 16 + s0 * 4 + t0) * nv + v];
+            }
+          }
+        da[(g * 64 + pq) * nv + v] = acc;
       }
     }
-  }
-  for (int i = 0; i < 128 * nv; ++i) da[i] = zero;
-  for (int o = 0; o < 10; ++o) {
-    const int g = o / 5;
-    for (int st = 0; st < 16; ++st) {
-      const int s0 = st / 4, t0 = st % 4;
-      const V* d = du + (o * 16 + st) * nv;
-      for (int t = 0; t < 25; ++t) {
-        const T w = w2[o * 25 + t];
-        V* dap = da + (g * 64 + (s0 + t / 5) * 8 + t0 + t % 5) * nv;
-        for (int v = 0; v < nv; ++v) dap[v] += w * d[v];
-      }
-    }
-  }
 
   // ReLU 1 (after the pool: pass where pooled > 0), the pool's routing and conv 1's weight gradient:
   // acc1[(c, t)] += dpool[c, p, q] * (the 4 x 4 patch under the maximum), lane by lane
@@ -268,11 +293,14 @@ static void one_model(int B, const T* __restrict x, const int64_t* __restrict st
       const V* xp = xt + (3 * p * 28 + 3 * q) * nv;
       const int e = p * 8 + q;
       for (int v = 0; v < nv; ++v) {
+        const V d0 = pooled[e * nv + v] > zero ? da[e * nv + v] : zero;
+        const V d1 = pooled[(64 + e) * nv + v] > zero ? da[(64 + e) * nv + v] : zero;
+        // windows whose ReLU is closed for every image of this vector (typically the constant border of
+        // digit images, where all images agree) contribute nothing: skip their 288 multiply-adds
+        if (!any_nonzero<T>(d0) && !any_nonzero<T>(d1)) continue;
         V patch[36];
         for (int r = 0; r < 6; ++r)
           for (int c = 0; c < 6; ++c) patch[r * 6 + c] = xp[(r * 28 + c) * nv + v];
-        const V d0 = pooled[e * nv + v] > zero ? da[e * nv + v] : zero;
-        const V d1 = pooled[(64 + e) * nv + v] > zero ? da[(64 + e) * nv + v] : zero;
         const V k0 = argk[e * nv + v], k1 = argk[(64 + e) * nv + v];
         V s0[16], s1[16];
         for (int t = 0; t < 16; ++t) s0[t] = s1[t] = zero;
