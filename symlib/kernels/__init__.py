@@ -1,17 +1,22 @@
-"""Compiled CPU kernels: the fused OptuNet training step (book: chapter "Throughput").
+r"""Compiled CPU kernels (book: chapters "Checkpoint zoos" and "Functional collapse").
 
-The stacked trainer's CPU step (:func:`symlib.train.loss_and_grads`, ``impl="native"``) is a C++ function,
-``optunet_step.cpp`` beside this file, which processes every model on its own with its batch laid out
-image-innermost, so that the compiler's SIMD lanes are the batch's images and one model's working set stays
-in the core's cache. It computes exactly the function of :func:`symlib.train._optunet_loss_grads` (tested
-equal to autograd in float64).
+Two C++ kernels, compiled together into one library:
 
-The source is compiled on first use with the system's C++ compiler (``$CXX``, else ``g++``, else ``c++``)
+* ``optunet_step.cpp``, the stacked trainer's CPU step (:func:`symlib.train.loss_and_grads`,
+  ``impl="native"``). It processes every model on its own with its batch laid out image-innermost, so
+  that the SIMD lanes are the batch's images and one model's working set stays in the core's cache, and
+  computes exactly the function of :func:`symlib.train._optunet_loss_grads` (tested equal to autograd in
+  float64).
+* ``pairwise_xlogx.cpp``, the pairwise term of :func:`symlib.metrics.pairwise_mi`,
+  :math:`\sum_f q_f \log q_f` with :math:`q = h_i + h_j` for every pair of models: one pass per pair
+  with the addition, a vectorised logarithm (Cephes' ``logf``) and the product-sum in registers.
+
+The sources are compiled on first use with the system's C++ compiler (``$CXX``, else ``g++``, else ``c++``)
 for the machine it runs on (``-O3 -march=native``) into the kernel cache, ``$SYMLIB_KERNEL_CACHE`` or
 ``~/.cache/symlib/kernels``, keyed by a hash of the source, the flags, the compiler and the CPU, written
 atomically; later calls and processes load the cached library. Where no compiler works,
-:func:`available` is ``False`` (with the reason in :func:`unavailable_reason`) and the trainer falls back to
-its PyTorch path. ``SYMLIB_NATIVE=0`` disables the kernels.
+:func:`available` is ``False`` (with the reason in :func:`unavailable_reason`) and the callers fall back
+to their PyTorch (trainer) or numpy (pairwise MI) paths. ``SYMLIB_NATIVE=0`` disables the kernels.
 
 The library is called through :mod:`ctypes`, which releases the GIL during the call, so the trainer's
 worker threads (one group of models each) run side by side.
@@ -31,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("optunet_step.cpp")
+SOURCES = (Path(__file__).with_name("optunet_step.cpp"), Path(__file__).with_name("pairwise_xlogx.cpp"))
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC"]
 KERNEL_VERSION = 2
 
@@ -59,22 +64,22 @@ def _cpu_signature() -> str:
 
 
 def _build(cxx: str) -> Path:
-    """Compile :data:`SOURCE` (or find it compiled) and return the shared library's path."""
-    src = SOURCE.read_bytes()
+    """Compile :data:`SOURCES` into one library (or find it compiled) and return its path."""
+    src = b"\0".join(p.read_bytes() for p in SOURCES)
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
-    out = cache_dir() / f"optunet_step-{key}.so"
+    out = cache_dir() / f"symlib-kernels-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *FLAGS, str(SOURCE), "-o", tmp]
+        cmd = [cxx, *FLAGS, *map(str, SOURCES), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise RuntimeError(f"{cxx} failed on {SOURCE.name}:\n{res.stderr[-2000:]}")
+            raise RuntimeError(f"{cxx} failed on {[p.name for p in SOURCES]}:\n{res.stderr[-2000:]}")
         os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same file
     finally:
         if os.path.exists(tmp):
@@ -103,6 +108,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         fn = getattr(lib, name)
         fn.argtypes = [_I, _I, _P, _P, _I] + [_P] * 11
         fn.restype = None
+    lib.symlib_pairwise_xlogx_f32.argtypes = [_I, _I, _P, _I, _I, _P]
+    lib.symlib_pairwise_xlogx_f32.restype = None
+    lib.symlib_vlog_f32.argtypes = [_I, _P, _P]
+    lib.symlib_vlog_f32.restype = None
     return lib, ""
 
 
@@ -193,3 +202,39 @@ def _call(params, x, start, row, y, feat_mask):
     fn(m, b, x.data_ptr(), start.data_ptr(), row, y.data_ptr(), *ptrs)
     grads = {"conv1.weight": g1, "conv2.weight": g2, "fc.weight": gfw, "fc.bias": gfb}
     return loss, grads
+
+
+def pairwise_xlogx_rows(half: torch.Tensor, i0: int, i1: int, out: torch.Tensor) -> None:
+    r"""Write :math:`S_{ij} = \sum_f q_f \log q_f`, :math:`q = h_i + h_j`, for the rows ``i0 <= i < i1`` and
+    every ``j > i`` into ``out`` (float64, the condensed ``N (N - 1) / 2`` vector of
+    :func:`scipy.spatial.distance.squareform`).
+
+    ``half``: ``(N, F)`` contiguous float32 CPU tensor of halved probabilities, floored at the smallest
+    normal float, ``F`` a multiple of 16 (pad with 1/2, where :math:`q \log q = 0`).
+    """
+    lib, why = _load()
+    if lib is None:
+        raise RuntimeError(f"the native pairwise kernel is unavailable: {why}")
+    n, f = half.shape
+    if half.dtype != torch.float32 or half.device.type != "cpu" or not half.is_contiguous() or f % 16:
+        raise ValueError(f"half must be a contiguous float32 CPU tensor with F % 16 == 0, got "
+                         f"{half.dtype} on {half.device}, shape {tuple(half.shape)}")
+    if out.dtype != torch.float64 or out.numel() != n * (n - 1) // 2 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float64 vector of {n * (n - 1) // 2} pairs")
+    if not 0 <= i0 <= i1 <= n:
+        raise ValueError(f"rows {i0}..{i1} outside 0..{n}")
+    lib.symlib_pairwise_xlogx_f32(n, f, half.data_ptr(), i0, i1, out.data_ptr())
+
+
+def vlog(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' float32 natural logarithm (Cephes' ``logf``) of a CPU tensor (for tests)."""
+    lib, why = _load()
+    if lib is None:
+        raise RuntimeError(f"the native kernels are unavailable: {why}")
+    flat = x.detach().to(torch.float32).reshape(-1)
+    n = flat.numel()
+    pad = torch.ones((-n) % 16, dtype=torch.float32)
+    src = torch.cat([flat, pad]).contiguous()
+    out = torch.empty_like(src)
+    lib.symlib_vlog_f32(src.numel(), src.data_ptr(), out.data_ptr())
+    return out[:n].view(x.shape)
