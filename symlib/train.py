@@ -555,8 +555,9 @@ def _optunet_loss_grads_conv(
     return loss.detach(), dict(zip(OPTUNET_SHAPES, grads, strict=True))
 
 
-# Implementations of the stacked step: "matmul" (hand-written, the CPU default) and "conv" (grouped
-# convolutions + autograd, the CUDA default).
+# Implementations of the stacked step: "native" (the compiled kernel, the CPU default), "matmul" (the
+# hand-written PyTorch formulation, its fallback) and "conv" (grouped convolutions + autograd, the CUDA
+# default).
 def _optunet_loss_grads_native(
     params: Params, x: torch.Tensor, y: torch.Tensor, feat_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, Params]:
