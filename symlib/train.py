@@ -821,7 +821,10 @@ def train_stacked(
         tf32: let the CUDA path use TF32 products (faster, about 3 decimal digits); default full FP32.
         workers: on CPU, split the models into this many groups computed side by side by as many
             threads, one intra-op thread each (default: ``torch.get_num_threads()``; 1 on CUDA). The
-            models are independent, so the result does not depend on it.
+            models are independent, so the result does not depend on it. Without ``on_step`` each group
+            trains on its own thread from start to end (no barrier at every step; ``on_epoch`` then
+            follows the first group); with it, the groups advance in lockstep so that the hook sees
+            every model after every step.
 
     Returns:
         The trained stacked parameters.
@@ -851,6 +854,26 @@ def train_stacked(
 
             return kernels.optunet_loss_grads_crop(part, xpad, idx[sl], aug[sl], y[idx[sl]])[1]
         return fn(part, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]
+
+    if len(groups) > 1 and on_step is None:
+        # No per-step hook needs all the models at once: every group trains on its own thread from start
+        # to end (its own data plans, which depend on the seed only, and its own SGD buffer), without a
+        # barrier at every step. Same results as the lockstep loop below.
+        def run_group(i: int) -> Params:
+            sl = groups[i]
+            opt_g = _FlatSGD({k: v[sl] for k, v in theta.items()}, recipe)
+            th = opt_g.params()
+            for epoch, step, lr, last, idx, aug in _steps(seeds[sl], n, recipe, epochs, x.device):
+                th = opt_g.step([work(slice(None), th, idx, aug)], lr)
+                if max_steps is not None and step + 1 >= max_steps:
+                    break
+                if last and on_epoch is not None and i == 0:
+                    on_epoch(epoch)  # progress: the first group's epochs
+            return th
+
+        with _model_threads(len(groups)) as pool:
+            done = list(pool.map(run_group, range(len(groups))))
+        return {k: torch.cat([d[k] for d in done]) for k in theta}
 
     with _model_threads(len(groups)) as pool:
         for epoch, step, lr, last, idx, aug in _steps(seeds, n, recipe, epochs, x.device):

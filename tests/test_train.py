@@ -381,6 +381,17 @@ def test_worker_groups_do_not_change_the_result():
     assert seen == [5] * 6
     for k in one:
         torch.testing.assert_close(three[k], one[k], rtol=1e-12, atol=1e-14)
+    # without a per-step hook every group trains on its own thread, start to end: same weights
+    epochs_seen = []
+    free = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=3,
+                           on_epoch=epochs_seen.append)
+    assert epochs_seen == [0, 1]
+    for k in one:
+        torch.testing.assert_close(free[k], one[k], rtol=1e-12, atol=1e-14)
+    short = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=3, max_steps=4)
+    ref = T.train_stacked(_double_stack(seeds), seeds, x, y, recipe, epochs=2, workers=1, max_steps=4)
+    for k in ref:
+        torch.testing.assert_close(short[k], ref[k], rtol=1e-12, atol=1e-14)
 
 
 def test_loss_and_grads_worker_groups_do_not_change_the_result():
