@@ -543,6 +543,14 @@ def _native_kernels() -> bool:
     return kernels.available()
 
 
+def _mean_entropies(flat: np.ndarray, n_inputs: int) -> np.ndarray:
+    r""":math:`h_i = -\frac1n \sum_f p_{if} \log p_{if}` of the rows of ``flat`` (``(N, n C)``), in
+    float64, one dot product per row (zeros floored at the smallest normal number: :math:`0 \log 0 = 0`)."""
+    x = flat.astype(np.float64)
+    logs = np.log(np.maximum(x, np.finfo(np.float64).tiny))
+    return -np.matmul(x[:, None, :], logs[:, :, None])[:, 0, 0] / n_inputs
+
+
 def _pairwise_sums_native(p: torch.Tensor, out: torch.Tensor, workers: int, pbar) -> torch.Tensor:
     r"""The compiled CPU path of :func:`pairwise_mi` (float32): the halves in one ``(N, F')`` array
     (floored at the smallest normal float, padded with 1/2 to whole vectors), then
@@ -553,12 +561,8 @@ def _pairwise_sums_native(p: torch.Tensor, out: torch.Tensor, workers: int, pbar
 
     n_models, n_inputs = p.shape[:2]
     flat = p.detach().reshape(n_models, -1)
-    feats = flat.shape[1]
-    half = torch.full((n_models, -(-feats // 16) * 16), 0.5, dtype=torch.float32)
-    torch.mul(flat.to(torch.float32), 0.5, out=half[:, :feats])
-    half[:, :feats].clamp_min_(torch.finfo(torch.float32).tiny)
-    x = flat.numpy().astype(np.float64)
-    h = -np.einsum("ij,ij->i", x, np.log(np.maximum(x, np.finfo(np.float64).tiny))) / n_inputs
+    half = _chunked_halves(flat, torch.float32, 1, -(-flat.shape[1] // 16) * 16)[0]
+    h = _mean_entropies(flat.numpy(), n_inputs)
 
     def rows(r0: int) -> None:
         kernels.pairwise_xlogx_rows(half, r0, min(r0 + NATIVE_ROWS, n_models), out)
@@ -631,12 +635,11 @@ def _pairwise_sums_cpu(p: torch.Tensor, dtype: torch.dtype, chunks: int, width: 
     hc = np.empty((chunks, n_models, width), dtype=np_dtype)
     hc[-1, :, feats - (chunks - 1) * width :] = 0.5  # padding: q = 1, q log q = 0
     h = np.empty(n_models)
-    tiny, tiny64 = np.finfo(np_dtype).tiny, np.finfo(np.float64).tiny
+    tiny = np.finfo(np_dtype).tiny
 
     def prepare(m0: int) -> None:
         m1 = min(m0 + 8, n_models)
-        x = flat[m0:m1].astype(np.float64)
-        h[m0:m1] = -np.matmul(x[:, None, :], np.log(np.maximum(x, tiny64))[:, :, None])[:, 0, 0] / n_inputs
+        h[m0:m1] = _mean_entropies(flat[m0:m1], n_inputs)
         for k in range(chunks):
             f0, f1 = k * width, min((k + 1) * width, feats)
             dst = hc[k, m0:m1, : f1 - f0]

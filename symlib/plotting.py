@@ -16,6 +16,19 @@ sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
 plt.rcParams.update({"figure.dpi": 110, "savefig.bbox": "tight", "axes.titlesize": "medium"})
 
 
+def grouped_bars(ax, groups: Sequence[str], series: Sequence[str], value) -> dict:
+    """Bars of ``value(series, group)`` for every group on the x axis, the series side by side within a group
+    (each labelled for the legend). Returns ``{series: BarContainer}``."""
+    width = 0.8 / len(series)
+    pos = np.arange(len(groups))
+    bars = {}
+    for i, s in enumerate(series):
+        heights = [value(s, g) for g in groups]
+        bars[s] = ax.bar(pos + (i - (len(series) - 1) / 2) * width, heights, width, label=s)
+    ax.set_xticks(pos, groups)
+    return bars
+
+
 def toy_data(x: np.ndarray, y: np.ndarray):
     """The two training classes of the gentle example (paper Figure 5)."""
     fig, ax = plt.subplots(figsize=(4.2, 4))

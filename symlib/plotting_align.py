@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from symlib import plotting as _style  # noqa: F401  (sets the book's plotting style)
+from symlib import plotting as _style  # (also sets the book's plotting style)
 
 LABELS = {"none": "unaligned", "weights": "weight matching (means)", "kl-mean": "KL, means only (App. Eq. 2)",
           "kl": "KL, exact", "wasserstein": "Wasserstein"}
@@ -68,16 +68,12 @@ def mmd_removals(values: Mapping[str, Mapping[str, float]], p_values: Mapping[st
     comps = list(values)
     removals = list(next(iter(values.values())))
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    width = 0.8 / len(removals)
-    x = np.arange(len(comps))
-    for i, r in enumerate(removals):
-        v = np.array([values[c][r] for c in comps])
-        bars = ax.bar(x + (i - (len(removals) - 1) / 2) * width, v, width, label=r)
-        for b, c in zip(bars, comps, strict=True):
+    bars = _style.grouped_bars(ax, comps, removals, lambda r, c: values[c][r])
+    for r, group in bars.items():
+        for b, c in zip(group, comps, strict=True):
             ax.annotate(f"{p_values[c][r]:.2f}", (b.get_x() + b.get_width() / 2, max(b.get_height(), 0)),
                         ha="center", va="bottom", fontsize=7)
     ax.axhline(0, color="k", lw=0.8)
-    ax.set_xticks(x, comps)
     ax.set(ylabel="MMD (x 100)")
     ax.legend(title="symmetry removal", fontsize="small", ncol=len(removals))
     fig.tight_layout()

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from symlib import plotting as _style  # noqa: F401  (the book's plotting style)
+from symlib import plotting as _style  # (also sets the book's plotting style)
 
 
 def mutual_information(mi_id: np.ndarray, mi_ood: np.ndarray, r: float, p: float,
@@ -105,11 +105,7 @@ def flip_rates(rates: Mapping[str, Mapping[str, float]]):
     keys = list(rates)
     phases = list(next(iter(rates.values())))
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    width = 0.8 / len(keys)
-    pos = np.arange(len(phases))
-    for i, k in enumerate(keys):
-        ax.bar(pos + (i - (len(keys) - 1) / 2) * width, [rates[k][ph] for ph in phases], width, label=k)
-    ax.set_xticks(pos, phases)
+    _style.grouped_bars(ax, phases, keys, lambda k, ph: rates[k][ph])
     ax.set(ylabel="steps with a permutation (share)", xlabel="learning-rate phase")
     ax.legend(title="sorting key")
     fig.tight_layout()

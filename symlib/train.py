@@ -830,7 +830,11 @@ def train_stacked(
         The trained stacked parameters.
     """
     fn = _stacked_grads(arch, impl, x.device)
-    fused = fn is _optunet_loss_grads_native and _cutter(x, recipe) is _crop_segments  # crop in the kernel
+    fused = None  # the kernel's entry with the crop fused into it, where it applies
+    if fn is _optunet_loss_grads_native and _cutter(x, recipe) is _crop_segments:
+        from symlib import kernels
+
+        fused = kernels.optunet_loss_grads_crop
     if tf32:
         fn = functools.partial(fn, tf32=True)
     m = len(seeds)
@@ -849,10 +853,8 @@ def train_stacked(
 
     def work(sl: slice, th: Params, idx: torch.Tensor, aug: torch.Tensor) -> Params:
         part = {k: v[sl] for k, v in th.items()}
-        if fused:
-            from symlib import kernels
-
-            return kernels.optunet_loss_grads_crop(part, xpad, idx[sl], aug[sl], y[idx[sl]])[1]
+        if fused is not None:
+            return fused(part, xpad, idx[sl], aug[sl], y[idx[sl]])[1]
         return fn(part, cut(xpad, idx[sl], aug[sl], size), y[idx[sl]])[1]
 
     if len(groups) > 1 and on_step is None:

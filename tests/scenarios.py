@@ -114,3 +114,22 @@ def make(arch: str, seed: int = 0, n: int = 16, dtype=torch.float64) -> Scenario
     theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
     x = torch.randn(n, *input_shape, generator=g, dtype=dtype)
     return Scenario(model, spec, theta, x)
+
+
+def optunet_reference(theta: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None):
+    """``(loss (M,), grads)`` of ``M`` stacked OptuNets by autograd through ``nn.Module`` layers: the
+    reference of the hand-written and compiled training steps. ``mask`` (``(M, 10, B)``, optional)
+    multiplies the pooled features before the last layer (dropout)."""
+    leaves = {k: v.clone().requires_grad_(True) for k, v in theta.items()}
+    ref = []
+    for i in range(x.shape[0]):
+        net = models.OptuNet().to(x.dtype)
+        h = net.pool(net.relu1(torch.nn.functional.conv2d(x[i], leaves["conv1.weight"][i])))
+        h = torch.nn.functional.conv2d(h, leaves["conv2.weight"][i], groups=2).relu().mean((-1, -2))
+        if mask is not None:
+            h = h * mask[i].T
+        logits = h @ leaves["fc.weight"][i].T + leaves["fc.bias"][i]
+        ref.append(torch.nn.functional.cross_entropy(logits, y[i]))
+    loss = torch.stack(ref)
+    grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
+    return loss.detach(), dict(zip(leaves, grads, strict=True))
