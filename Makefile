@@ -57,7 +57,7 @@ chapters: $(VENV)/.installed
 	  $(VENV)/bin/jupytext --quiet --to ipynb -o $(BUILD)/nb/$$ch.ipynb notebooks/$$ch.md
 	  TQDM_DISABLE=1 $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
 	    -p scale $(SCALE) -p device $(DEVICE) $(BUILD)/nb/$$ch.ipynb $(BUILD)/nb/$$ch.out.ipynb
-	  $(PY) -c "import sys; from symlib.book import fold_parameters; fold_parameters(sys.argv[1])" $(BUILD)/nb/$$ch.out.ipynb
+	  $(PY) -c "import sys; from symlib.paper.book import fold_parameters; fold_parameters(sys.argv[1])" $(BUILD)/nb/$$ch.out.ipynb
 	  mv $(BUILD)/nb/$$ch.out.ipynb book/$$ch.ipynb
 	done
 

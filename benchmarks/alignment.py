@@ -34,9 +34,10 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from symlib import align, models
-from symlib.spec import mlp_spec
-from symlib.trace import spec_of
+from symlib import models
+from symlib.symmetry import align
+from symlib.symmetry.spec import mlp_spec
+from symlib.symmetry.trace import spec_of
 
 
 def _posterior(model, seed):

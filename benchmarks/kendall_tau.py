@@ -1,5 +1,5 @@
-"""Kendall's tau between successive sorting permutations: ``symlib.permfreq.kendall_tau`` against a loop of
-``scipy.stats.kendalltau`` calls (book: chapter "Permutations during training").
+"""Kendall's tau between successive sorting permutations: ``symlib.paper.permfreq.kendall_tau`` against a
+loop of ``scipy.stats.kendalltau`` calls (book: chapter "Permutations during training").
 
 The workload is what the permutation tracker sees over a training run: ``S`` steps x ``M`` runs x the
 layers of a network (``--widths``, padded into one tensor). Both are timed in the same run, interleaved
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from symlib import permfreq
+from symlib.paper import permfreq
 
 
 def main() -> None:

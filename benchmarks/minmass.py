@@ -24,8 +24,9 @@ import warnings
 
 import torch
 
-from symlib import check, minmass, models, ops, trace
-from symlib.spec import mlp_spec
+from symlib import models
+from symlib.symmetry import check, minmass, ops, trace
+from symlib.symmetry.spec import mlp_spec
 
 
 def _params(model):

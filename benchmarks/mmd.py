@@ -1,5 +1,5 @@
-"""The Table 1 MMD workload: ``symlib.mmd`` against a straightforward numpy implementation (book: chapter
-"Table 1").
+"""The Table 1 MMD workload: ``symlib.stats.mmd`` against a straightforward numpy implementation (book:
+chapter "Table 1").
 
 Workload (paper §4): a target of 1,000 OptuNets against 100 samples of one method, for every layer of
 OptuNet (conv1 32, conv2 250, fc + bias 110 parameters), 20 kernels, on raw weights and after removing
@@ -10,7 +10,7 @@ both sides) and is timed apart.
 
 Compared, interleaved in one run:
 
-* ``symlib``: :func:`symlib.mmd.mmd` on each pair (raw, NS);
+* ``symlib``: :func:`symlib.stats.mmd.mmd` on each pair (raw, NS);
 * ``loop``: the straightforward implementation, loops over symmetry settings, layers and kernels; for each
   kernel the three blocks of distances are computed with numpy (one row at a time), the kernel applied,
   the blocks summed. With ``--kernels k < 20`` only the first ``k/2`` Laplace and ``k/2`` Gaussian kernels
@@ -32,7 +32,9 @@ import time
 import numpy as np
 import torch
 
-from symlib import mmd, models, trace
+from symlib import models
+from symlib.stats import mmd
+from symlib.symmetry import trace
 
 
 # ------------------------------------------------------------------------------ numpy reference
@@ -159,7 +161,7 @@ def main(argv=None) -> float:
               f"p = {row['median_p']:.3f}", flush=True)
     ours_s, loop_s, shared_s = min(ours_t), min(loop_t), min(shared_t)
     note = "" if args.kernels == 20 else f" (timed on {args.kernels} of 20 kernels per layer, x {scale:g})"
-    print(f"symlib.mmd: {ours_s:.2f} s")
+    print(f"symlib.stats.mmd: {ours_s:.2f} s")
     print(f"loop, shared distances: {shared_s:.1f} s"
           + ("" if args.kernels == 20 else f" (timed on {args.kernels} kernels; its distances are paid once, "
              "so not scaled: a lower bound)") + f" -> {shared_s / ours_s:.1f}x")

@@ -1,7 +1,7 @@
 """Pairwise mutual information for functional collapse (book: chapter "Functional collapse").
 
 All ``N(N-1)/2`` two-member ensembles of ``N`` OptuNets (default 1,000, the paper's §5.1 / App. D.2
-size) on the 1,000 embedded MNIST test images: ``metrics.pairwise_mi`` (blocked, no loop over pairs)
+size) on the 1,000 embedded MNIST test images: ``pairwise_mi.pairwise_mi`` (blocked, no loop over pairs)
 against a straightforward per-pair Python loop (for each pair: average the two members' probabilities,
 entropy of the mean minus the mean of the two entropies, averaged over the images; torch on the same
 threads, float32 like ours).
@@ -29,8 +29,9 @@ import time
 
 import torch
 
-from symlib import data, metrics, models, predict
-from symlib import train as T
+from symlib import data, models
+from symlib import training as T
+from symlib.stats import pairwise_mi, predict
 
 
 def loop_mi(p: torch.Tensor, pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -89,7 +90,7 @@ def main(argv=None) -> float:
     _report("loop, round 1", len(rounds[0]), t_loop_a)
     sync()
     t = time.perf_counter()
-    mi = metrics.pairwise_mi(p, progress=True)
+    mi = pairwise_mi.pairwise_mi(p, progress=True)
     sync()
     t_ours = time.perf_counter() - t
     _report("pairwise_mi, all pairs", n_pairs, t_ours)

@@ -6,7 +6,7 @@
    (1 and 10, trained once, stacked) are timed separately and given to the methods that start from them.
 2. The multi-mode training workload, stacked (symlib: the 10 models in one set of batched tensors)
    against the same models one after another in a plain PyTorch loop (``nn.Module`` + ``torch.optim.SGD``,
-   the same batches and crops): the 10 base models (:func:`symlib.train.train_plain`) and SWAG's
+   the same batches and crops): the 10 base models (:func:`symlib.training.plain.train_plain`) and SWAG's
    continued training with its 20 snapshots (:func:`symlib.posteriors.swag.fit`, nn.Module path), and
    mean-field VI (:func:`symlib.posteriors.vi.fit`: the 10 posteriors x 3 Monte-Carlo samples stacked,
    against one posterior at a time in the plain loop of BLiTZ's ``sample_elbo``: an ``nn.Module``, one
@@ -33,8 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from symlib import models
-from symlib import train as T
+from symlib import training as T
 from symlib.posteriors import METHODS, sampling, swag
+from symlib.posteriors.seeds import base_seeds
+from symlib.posteriors.sgd import train_models
 
 
 def _timed(fn):
@@ -102,22 +104,22 @@ def main() -> None:
         print(f"base models (stacked): 1 in {t1:.1f} s, {n_modes} in {t10:.1f} s (not counted below)")
         for method in args.methods.split(","):
             try:
-                mod = sampling.method_module(method)
+                meth = sampling.method(method)
             except ValueError:
                 print(f"{method:9s} not available")
                 continue
-            uses = sampling.USES_BASE.get(method, getattr(mod, "USES_BASE", False))
+            uses = meth.base in ("required", "optional")
             row = []
             for m, n, base in ((1, 100, base1), (n_modes, 10, base10)):
                 kw = {"base": base} if uses else {}
                 _, t = _timed(
-                    lambda m=m, n=n, kw=kw, mod=mod: mod.sample(setup, m, n, 0, progress=False, **kw)
+                    lambda m=m, n=n, kw=kw, meth=meth: meth.sample(setup, m, n, 0, progress=False, **kw)
                 )
                 row.append(f"{m} x {n}: {t:7.1f} s")
             print(f"{method:9s} " + "   ".join(row))
 
     # ------------------------------------------------------------------ 2. stacked vs one by one
-    seeds = sampling.base_seeds(n_modes, 0)
+    seeds = base_seeds(n_modes, 0)
     k = max(1, min(args.plain_modes, n_modes))
     plain_setup = dataclasses.replace(setup, arch="optunet-plain")  # the nn.Module paths of symlib
     swag_kw = dict(lr=setup.recipe.lr, epochs=2 * setup.recipe.epochs, n_snapshots=20, rank=20)
@@ -128,7 +130,7 @@ def main() -> None:
     vi_vmap: list[float] = []  # symlib's own one-at-a-time VI path (Monte-Carlo samples vectorised)
 
     def stacked():
-        base, tb = _timed(lambda: sampling.train_models(setup, seeds, progress=False))
+        base, tb = _timed(lambda: train_models(setup, seeds, progress=False))
         _, ts = _timed(lambda: swag.fit(setup, base, seeds, progress=False, **swag_kw))
         _, tv = _timed(lambda: vi.fit(setup, n_modes, 0, progress=False, epochs=args.vi_epochs))
         return tb, ts, tv * vi_scale, base

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from symlib import toy
+from symlib.paper import toy
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     print(f"threads: {torch.get_num_threads()}, networks: {args.models}, epochs: 10, batch: 10")
     print(f"loop (nn.Module + optim.SGD), measured on {args.subset} networks: {per_model * 1e3:.1f} ms each, "
           f"extrapolated to {args.models}: {loop_total:.1f} s")
-    print(f"symlib.toy.train_mlps, all {args.models} networks: {res.seconds:.2f} s "
+    print(f"symlib.paper.toy.train_mlps, all {args.models} networks: {res.seconds:.2f} s "
           f"({kept} reach loss <= 0.01)")
     print(f"speedup: {loop_total / res.seconds:.0f}x")
 

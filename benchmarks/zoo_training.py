@@ -35,7 +35,7 @@ import time
 import torch
 
 from symlib import models
-from symlib import train as T
+from symlib import training as T
 
 FORWARD_FLOPS = 2 * (25 * 25 * 2 * 16 + 4 * 4 * 10 * 25 + 10 * 10)  # per image
 PAPER_IMAGE_STEPS = 1000 * 60 * 60000  # the paper's OptuNet zoo: models x epochs x images
@@ -122,7 +122,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}")
     print(f"data: {what}; {args.epochs} epoch(s); recipe {recipe}")
     print(f"threads: {args.threads} (os.cpu_count() = {os.cpu_count()})")
-    step = T._stacked_grads("optunet", None, x.device).__name__
+    step = T.step_function("optunet", None, x.device).__name__
     if not cuda:
         from symlib import kernels
 
@@ -185,7 +185,7 @@ def main() -> None:
     print(f"peak (estimate): {peak / 1e9:.0f} GFLOP/s = {how}")
     for name, rate in [
         ("plain loop (nn.Module + torch.optim.SGD, one model at a time)", p),
-        (f"symlib.train.train_stacked ({args.chunk} models per chunk)", o),
+        (f"symlib.training.stacked.train_stacked ({args.chunk} models per chunk)", o),
     ]:
         flops = rate * flops_per_model_epoch
         paper_s = PAPER_IMAGE_STEPS / (rate * x.shape[0])

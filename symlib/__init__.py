@@ -1,28 +1,74 @@
-"""symlib: weight-space symmetries of neural networks.
+r"""symlib: weight-space symmetries of neural networks.
 
-The companion library of the living paper reproducing Laurent, Aldea & Franchi,
-*A Symmetry-Aware Exploration of Bayesian Neural Network Posteriors* (ICLR 2024).
-Modules hold one concept each; calls read ``symlib.canonical.normalize(...)``.
+The companion library of the living paper reproducing Laurent, Aldea & Franchi, *A Symmetry-Aware
+Exploration of Bayesian Neural Network Posteriors* (ICLR 2024).
 
-The core modules import eagerly; the heavier ones (``minmass`` pulls in cvxpy
-lazily, ``zoo`` and ``train`` the data loaders) load on first access.
+``import symlib`` gives the nouns a researcher needs on their own networks::
+
+    import symlib
+    spec = symlib.spec_of(model, (3, 32, 32))          # the symmetries, traced
+    g = symlib.random_element(spec)                     # a random permutation + positive scaling
+    same = symlib.act(g, theta, spec)                   # other weights, same function
+    canon = symlib.canonicalize(same, spec)             # one representative per orbit
+    light = symlib.symmetry.minmass(theta, spec).theta           # the lightest network of the scaling orbit
+    res = symlib.stats.mmd(set_a, set_b, spec=spec, symmetries="ns", n_permutations=1000)
+    params, manifest = symlib.load("zoos/optunet")      # a zoo or a posterior sample set
+
+Everything else is reached through its subpackage, loaded on first access (the layers, lowest first;
+nothing imports a layer above it):
+
+* leaves: :mod:`symlib.params` (the ``Params`` type), :mod:`symlib.store` (the on-disk format),
+  :mod:`symlib.models`, :mod:`symlib.scales`, :mod:`symlib.progress`, :mod:`symlib.data` (datasets),
+  :mod:`symlib.kernels` (compiled CPU kernels), :mod:`symlib.plotting`;
+* :mod:`symlib.symmetry`: specs, the group action, canonical forms, counting, min-mass, alignment;
+* :mod:`symlib.training`: recipes, data plans and the stacked trainer;
+* :mod:`symlib.zoo`: checkpoint zoos (train, store, resume, shard, merge, cache);
+* :mod:`symlib.stats`: MMD, uncertainty metrics, pairwise mutual information, predictions, MCMC
+  diagnostics;
+* :mod:`symlib.posteriors`: posterior approximations as checkpoint sets;
+* :mod:`symlib.checkpoints` (:func:`load`, :func:`info`), :mod:`symlib.paper` (what only the book's
+  chapters use) and :mod:`symlib.cli` (the ``symlib`` command).
 """
 
 import importlib
 
-from symlib import canonical, check, counting, data, models, ops, scales, spec, trace
+from symlib._version import __version__
 
-__version__ = "0.1.0"
-_LAZY = (
-    "align", "cli", "collapse", "interp", "kernels", "marginals", "metrics", "minmass", "mmd", "permfreq",
-    "plotting", "plotting_align", "plotting_collapse", "posteriors", "predict", "table1", "toy", "train",
-    "zoo",
+# public name -> (module, attribute); resolved on first access, so that ``import symlib`` stays light
+_NOUNS = {
+    "Params": ("symlib.params", "Params"),
+    "Spec": ("symlib.symmetry.spec", "Spec"),
+    "SymmetryError": ("symlib.symmetry.spec", "SymmetryError"),
+    "spec_of": ("symlib.symmetry.trace", "spec_of"),
+    "mlp_spec": ("symlib.symmetry.spec", "mlp_spec"),
+    "act": ("symlib.symmetry.ops", "act"),
+    "random_element": ("symlib.symmetry.ops", "random_element"),
+    "assert_same_function": ("symlib.symmetry.check", "assert_same_function"),
+    "canonicalize": ("symlib.symmetry.canonical", "canonicalize"),
+    "count": ("symlib.symmetry.counting", "table"),
+    "minmass": ("symlib.symmetry.minmass", "minmass"),
+    "align": ("symlib.symmetry.align", "align"),
+    "mmd": ("symlib.stats.mmd", "two_sample"),
+    "load": ("symlib.checkpoints", "load"),
+    "info": ("symlib.checkpoints", "info"),
+}
+_SUBPACKAGES = (
+    "checkpoints", "cli", "data", "kernels", "models", "paper", "params", "plotting", "posteriors",
+    "progress", "scales", "stats", "store", "symmetry", "training", "zoo",
 )
-__all__ = ["canonical", "check", "counting", "data", "models", "ops", "scales", "spec", "trace",
-           *_LAZY, "__version__"]
+__all__ = [*_NOUNS, *_SUBPACKAGES, "__version__"]
 
 
 def __getattr__(name):
-    if name in _LAZY:
+    if name in _NOUNS:
+        module, attr = _NOUNS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
         return importlib.import_module(f"symlib.{name}")
     raise AttributeError(f"module 'symlib' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -203,9 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             man = zoo.merge(args.shards, args.out)
             print(f"{args.out}: merged {len(args.shards)} shards, {len(man['models'])} models")
         elif args.command == "info":
+            from symlib import checkpoints
+
             if args.check:
-                zoo.load(args.path)
-            print(zoo.info(args.path))
+                checkpoints.load(args.path)
+            print(checkpoints.info(args.path))
         elif args.command == "list-presets":
             for name in sorted(zoo.PRESETS):
                 for scale in SCALES:

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from symlib import models
-from symlib.spec import Params, Spec
-from symlib.trace import spec_of
+from symlib.symmetry.spec import Params, Spec
+from symlib.symmetry.trace import spec_of
 
 
 class GroupedNet(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nbformat
 
-from symlib import book
+from symlib.paper import book
 
 
 def _nb(tmp_path, injected: str | None):

@@ -8,6 +8,7 @@ dataset         files under ``data_root``
 =============== ===========================================================================
 mnist           ``MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
 fashion-mnist   ``FashionMNIST/raw/`` (same names)
+cifar10         ``cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``
 cifar100        ``cifar-100-python/{train,test,meta}``
 svhn            ``svhn/{train,test}_32x32.mat``
 tinyimagenet    ``tiny-imagenet-200/{wnids.txt, train/<wnid>/images/*.JPEG, val/images/*.JPEG,
@@ -16,7 +17,7 @@ textures        ``dtd/dtd/{images/<class>/*.jpg, labels/{train,val,test}<k>.txt}
 =============== ===========================================================================
 
 Checks (``verify=True``) compare every file with the md5 that torchvision ships for
-the official file (MNIST, FashionMNIST archives, CIFAR-100, SVHN; the TinyImageNet
+the official file (MNIST, FashionMNIST archives, CIFAR-10, CIFAR-100, SVHN; the TinyImageNet
 zip and the DTD tarball when they are still there) and check counts and structure
 where no per-file checksum exists. A failure raises :class:`CorruptFileError`
 naming the file and the fix; nothing damaged is used silently.

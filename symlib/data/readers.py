@@ -86,6 +86,29 @@ def _check_sha256(path: Path, sha: str, hint: str) -> None:
         raise CorruptFileError(f"{path} is corrupt or partial: sha256 {got}, expected {sha}. {hint}")
 
 
+def read_cifar10(root: Path, split: str, verify: bool = True, hint: str = "") -> Raw:
+    """CIFAR-10 python pickles ``cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}``."""
+    from torchvision.datasets import CIFAR10
+
+    folder = root / CIFAR10.base_folder
+    files = CIFAR10.train_list if split == "train" else CIFAR10.test_list
+    meta = check_file(folder / CIFAR10.meta["filename"], CIFAR10.meta["md5"] if verify else None, hint)
+    images, labels = [], []
+    for name, md5 in files:
+        path = check_file(folder / name, md5 if verify else None, hint)
+        batch = _unpickle(path)
+        try:
+            images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.append(np.asarray(batch["labels"], dtype=np.int64))
+        except (KeyError, ValueError) as e:
+            raise CorruptFileError(f"{path} is not a CIFAR-10 batch ({e!r}). {hint}") from None
+    try:
+        classes = tuple(_unpickle(meta)["label_names"])
+    except KeyError as e:
+        raise CorruptFileError(f"{meta} is not CIFAR-10's batches.meta ({e!r}). {hint}") from None
+    return Raw(labels=np.concatenate(labels), classes=classes, images=np.concatenate(images))
+
+
 def read_cifar100(root: Path, split: str, verify: bool = True, hint: str = "") -> Raw:
     """CIFAR-100 python pickles ``cifar-100-python/{train,test,meta}``; fine labels (100 classes)."""
     from torchvision.datasets import CIFAR100

@@ -8,13 +8,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-NAMES = ("mnist", "fashion-mnist", "cifar100", "svhn", "tinyimagenet", "textures")
+NAMES = ("mnist", "fashion-mnist", "cifar10", "cifar100", "svhn", "tinyimagenet", "textures")
 SPLITS = ("train", "test")
 
 # Per-channel mean and standard deviation of the training pixels in [0, 1] (the usual constants).
 STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "mnist": ((0.1307,), (0.3081,)),
     "fashion-mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
     "tinyimagenet": ((0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821)),
@@ -22,8 +23,11 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "textures": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 # Side of the (square) images a model trained on the dataset sees.
-SIZES = {"mnist": 28, "fashion-mnist": 28, "cifar100": 32, "svhn": 32, "tinyimagenet": 64, "textures": 64}
-OOD = {"mnist": "fashion-mnist", "cifar100": "svhn", "tinyimagenet": "textures"}
+SIZES = {
+    "mnist": 28, "fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "svhn": 32, "tinyimagenet": 64,
+    "textures": 64,
+}
+OOD = {"mnist": "fashion-mnist", "cifar10": "svhn", "cifar100": "svhn", "tinyimagenet": "textures"}
 
 
 def check_name(name: str) -> str:

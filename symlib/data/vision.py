@@ -32,12 +32,21 @@ from torch.utils.data import Dataset
 
 from symlib.data.files import TINYIMAGENET_URL, TINYIMAGENET_ZIP_MD5, fetch_hint, resolve_root
 from symlib.data.idx import CorruptFileError
-from symlib.data.readers import Raw, read_cifar100, read_dtd, read_mnist_like, read_svhn, read_tinyimagenet
+from symlib.data.readers import (
+    Raw,
+    read_cifar10,
+    read_cifar100,
+    read_dtd,
+    read_mnist_like,
+    read_svhn,
+    read_tinyimagenet,
+)
 from symlib.data.tensors import SIZES, STATS, check_name, check_split, fingerprint, normalise
 
 AUGMENT = {
     "mnist": dict(crop=28, padding=4, flip=False),
     "fashion-mnist": dict(crop=28, padding=4, flip=False),
+    "cifar10": dict(crop=32, padding=4, flip=True),
     "cifar100": dict(crop=32, padding=4, flip=True),
     "svhn": dict(crop=32, padding=4, flip=False),
     "tinyimagenet": dict(crop=64, padding=4, flip=True),
@@ -53,6 +62,8 @@ def download(name: str, split: str, root: Path) -> None:
     if name in ("mnist", "fashion-mnist"):
         cls = datasets.MNIST if name == "mnist" else datasets.FashionMNIST
         cls(str(root), train=split == "train", download=True)
+    elif name == "cifar10":
+        datasets.CIFAR10(str(root), train=split == "train", download=True)
     elif name == "cifar100":
         datasets.CIFAR100(str(root), train=split == "train", download=True)
     elif name == "svhn":
@@ -78,6 +89,8 @@ def read_raw(
             return read_mnist_like(root / "MNIST" / "raw", split, name, verify, hint)
         if name == "fashion-mnist":
             return read_mnist_like(root / "FashionMNIST" / "raw", split, name, verify, hint)
+        if name == "cifar10":
+            return read_cifar10(root, split, verify, hint)
         if name == "cifar100":
             return read_cifar100(root, split, verify, hint)
         if name == "svhn":
@@ -200,7 +213,7 @@ def torchvision_dataset(
     """A torch ``Dataset`` of the paper-scale ``name`` with the paper's transforms (module docstring).
 
     Args:
-        name: one of ``mnist, fashion-mnist, cifar100, svhn, tinyimagenet, textures``.
+        name: one of ``mnist, fashion-mnist, cifar10, cifar100, svhn, tinyimagenet, textures``.
         split: ``"train"`` or ``"test"`` (TinyImageNet's test is its labelled validation set).
         data_root: folder with torchvision's layouts; default ``$SYMLIB_DATA`` or ``~/.cache/symlib/data``.
         train_augment: random crop / flip on the train split (never on test).

@@ -2,12 +2,12 @@ r"""Compiled CPU kernels (book: chapters "Checkpoint zoos" and "Functional colla
 
 Two C++ kernels, compiled together into one library:
 
-* ``optunet_step.cpp``, the stacked trainer's CPU step (:func:`symlib.train.loss_and_grads`,
+* ``optunet_step.cpp``, the stacked trainer's CPU step (:func:`symlib.training.stacked.loss_and_grads`,
   ``impl="native"``). It processes every model on its own with its batch laid out image-innermost, so
   that the SIMD lanes are the batch's images and one model's working set stays in the core's cache, and
-  computes exactly the function of :func:`symlib.train._optunet_loss_grads` (tested equal to autograd in
-  float64).
-* ``pairwise_xlogx.cpp``, the pairwise term of :func:`symlib.metrics.pairwise_mi`,
+  computes exactly the function of :func:`symlib.training.optunet.optunet_loss_grads` (tested equal to
+  autograd in float64).
+* ``pairwise_xlogx.cpp``, the pairwise term of :func:`symlib.stats.pairwise_mi.pairwise_mi`,
   :math:`\sum_f q_f \log q_f` with :math:`q = h_i + h_j` for every pair of models: one pass per pair
   with the addition, a vectorised logarithm (Cephes' ``logf``) and the product-sum in registers.
 
@@ -128,7 +128,8 @@ def unavailable_reason() -> str:
 def optunet_loss_grads(
     params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, feat_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """:func:`symlib.train._optunet_loss_grads` computed by the fused kernel (same arguments and results).
+    """:func:`symlib.training.optunet.optunet_loss_grads` computed by the fused kernel (same arguments and
+    results).
 
     CPU tensors of one floating dtype (float32 or float64); ``x`` is ``(M, B, 1, 28, 28)``, ``y`` ``(M, B)``.
     """
@@ -149,7 +150,7 @@ def optunet_loss_grads_crop(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The same, with the random crop fused into the kernel's copy of the images: model ``m``'s image ``b`` is
     the 28 x 28 window of the padded image ``xpad[idx[m, b], 0]`` at offset ``(aug[m, b, 0], aug[m, b, 1])``
-    (:func:`symlib.train.crop` without flips), and ``y`` its ``(M, B)`` labels.
+    (:func:`symlib.training.plans.crop` without flips), and ``y`` its ``(M, B)`` labels.
     """
     if xpad.ndim != 4 or xpad.shape[1] != 1 or min(xpad.shape[2:]) < 28:
         raise ValueError(
@@ -158,7 +159,7 @@ def optunet_loss_grads_crop(
     if aug.shape[:2] != idx.shape or aug.shape[-1] < 2:
         raise ValueError(f"aug must be (M, B, 2 or 3) for idx {tuple(idx.shape)}, got {tuple(aug.shape)}")
     if aug.shape[-1] > 2 and bool(aug[..., 2].any()):
-        raise ValueError("the fused crop does not flip images; use symlib.train.crop for flips")
+        raise ValueError("the fused crop does not flip images; use symlib.training.plans.crop for flips")
     hp, wp = xpad.shape[2], xpad.shape[3]
     if bool((aug[..., 0] > hp - 28).any() | (aug[..., 1] > wp - 28).any() | (aug[..., :2] < 0).any()):
         raise ValueError(f"crop offsets must lie in [0, {hp - 28}] x [0, {wp - 28}]")

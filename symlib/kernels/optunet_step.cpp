@@ -1,7 +1,7 @@
 // One training step of M stacked OptuNets on the CPU: the loss and its exact gradient, fused.
 //
 // symlib.kernels compiles this file on first use (g++ -O3 -march=native) and calls it through ctypes;
-// symlib.train._optunet_loss_grads is the PyTorch formulation of the same function and the reference the
+// symlib.train.optunet_loss_grads is the PyTorch formulation of the same function and the reference the
 // tests compare it with. Every model is processed on its own, with all activations laid out image-innermost
 // ((feature, ..., image), B contiguous values), so each loop below runs over the B images of a batch as
 // independent SIMD lanes: no reassociation is needed for vectorisation, and the working set of one model

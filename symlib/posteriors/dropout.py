@@ -12,7 +12,7 @@ and every other tensor unchanged: a full weight set, evaluated with dropout off,
 masked network's outputs (:func:`fold`).
 
 One-mode: one network, ``n_per_mode`` masks; multi-mode: ``n_modes`` networks (seeds
-:func:`symlib.posteriors.sampling.base_seeds`, trained stacked for OptuNet), ``n_per_mode`` masks each.
+:func:`symlib.posteriors.seeds.base_seeds`, trained stacked for OptuNet), ``n_per_mode`` masks each.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ import dataclasses
 
 import torch
 
-from symlib.posteriors import sampling
-from symlib.posteriors.base import Params, SampleSet, Setup
+from symlib.params import Params, unstack
+from symlib.posteriors.base import Method, Request, SampleSet
+from symlib.posteriors.modules import last_dropout
+from symlib.posteriors.seeds import base_seeds, generator, stream_seeds
+from symlib.posteriors.sgd import train_models
+
+__all__ = ["DEFAULT_P", "METHOD", "fold", "sample"]
 
 DEFAULT_P = {"optunet": 0.2, "resnet18": 0.5, "resnet20": 0.5}
 
@@ -47,25 +52,13 @@ def fold(params: Params, masks: torch.Tensor, p: float) -> Params:
     return out
 
 
-def sample(
-    setup: Setup,
-    n_modes: int,
-    n_per_mode: int,
-    seed: int = 0,
-    *,
-    base: Params | None = None,
-    progress: bool = True,
-    p: float | None = None,
-) -> SampleSet:
+def _draw(req: Request, *, p: float | None = None) -> SampleSet:
     """Train ``n_modes`` networks with last-layer dropout and fold ``n_per_mode`` masks into each.
 
+    Network seeds are :func:`~symlib.posteriors.seeds.base_seeds`; the training masks and the folded masks
+    come from :func:`~symlib.posteriors.seeds.stream_seeds`.
+
     Args:
-        setup: the training problem (its recipe trains the dropout networks).
-        n_modes, n_per_mode: sizes.
-        seed: run seed (network seeds :func:`~symlib.posteriors.sampling.base_seeds`; masks
-            from :func:`~symlib.posteriors.sampling.stream_seeds`).
-        base: must be ``None`` (base models trained without dropout are not MC-dropout models).
-        progress: progress bar.
         p: dropout probability (default 0.2 for OptuNet, 0.5 for ResNets, paper App. B.1).
 
     Returns:
@@ -75,26 +68,25 @@ def sample(
         ValueError: if the architecture has no dropout layer before its last layer, or ``p`` is not in
             ``(0, 1)``.
     """
-    sampling.check_sizes(n_modes, n_per_mode)
-    sampling.forbid_base(base, "MC dropout")
+    setup, n_modes, n_per_mode = req.setup, req.n_modes, req.n_per_mode
     with torch.device("meta"):
-        sampling.last_dropout(setup.make_model())  # raises for a model without dropout
+        last_dropout(setup.make_model())  # raises for a model without dropout
     p = DEFAULT_P.get(setup.arch) if p is None else p
     if p is None:
         raise ValueError(f"no default dropout rate for {setup.arch!r}; pass p")
     if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
         raise ValueError(f"dropout probability p must be in (0, 1), got {p!r}")
-    seeds = sampling.base_seeds(n_modes, seed)
-    train_seed, mask_seed = sampling.stream_seeds(2, seed, "dropout")
-    trained = sampling.train_models(
-        setup, seeds, dropout=p, progress=progress, desc=f"dropout p={p}", mask_seed=train_seed
+    seeds = base_seeds(n_modes, req.seed)
+    train_seed, mask_seed = stream_seeds(2, req.seed, "dropout")
+    trained = train_models(
+        setup, seeds, dropout=p, progress=req.progress, desc=f"dropout p={p}", mask_seed=train_seed
     )
-    gen = sampling.generator(mask_seed, "cpu")
+    gen = generator(mask_seed, "cpu")
     width = trained["fc.weight"].shape[-1]
     parts = []
     for i in range(n_modes):
         masks = (torch.rand(n_per_mode, width, generator=gen) >= p).to(setup.device)
-        parts.append(fold(sampling.unstack(trained, i), masks, p))
+        parts.append(fold(unstack(trained, i), masks, p))
     params = {k: torch.cat([q[k] for q in parts]) for k in parts[0]}
     return SampleSet(
         params=params,
@@ -104,3 +96,7 @@ def sample(
         hyper={"p": p, "where": "before the last layer", "recipe": dataclasses.asdict(setup.recipe)},
         base_seeds=seeds,
     )
+
+
+METHOD = Method("dropout", _draw, base="forbidden")
+sample = METHOD.sampler()

@@ -1,12 +1,12 @@
 r"""Posterior sample sets on disk, in the zoo format (book: chapter "Table 1").
 
-A sample set is stored exactly like a checkpoint zoo (:mod:`symlib.zoo`), so that ``zoo.load(path)``
-returns ``(params, manifest)`` for a posterior as for a zoo:
+A sample set is stored in the format of checkpoint zoos (:mod:`symlib.store`), so that
+``symlib.load(path)`` returns ``(params, manifest)`` for a posterior as for a zoo:
 
 * ``chunk-00000.safetensors``, ...: ``chunk`` consecutive samples per file, every tensor stacked along
   a new first axis (mode-major: samples ``i * n_per_mode ...`` come from mode ``i``), the file's metadata
   holding the format, the set's identity hash, the chunk index, the (mode, index) of every sample and the
-  sha256 of its tensors (:func:`symlib.zoo.tensor_digest`);
+  sha256 of its tensors (:func:`symlib.store.tensor_digest`);
 * ``manifest.json``: ``"kind": "posterior"``, the method and its hyper-parameters, the base models it
   started from (seeds, and the folder they are cached in), ``n_modes``, ``n_per_mode``, the diagnostics,
   the training problem (preset, scale, architecture, recipe, prior precision, data fingerprint), the
@@ -26,27 +26,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from symlib import scales as _scales
-from symlib.posteriors.base import Params, SampleSet, Setup
-from symlib.zoo.store import (
-    FORMAT,
-    MANIFEST,
-    ZooError,
-    _atomic_save,
-    _atomic_write_bytes,
-    _chunk_name,
-    _git_commit,
-    tensor_digest,
-)
+from symlib import store
+from symlib.params import Params
+from symlib.posteriors.base import SampleSet, Setup
+from symlib.store import FORMAT, MANIFEST, StoreError, chunk_name, jsonable
 
 KIND = "posterior"
+REPAIR = (
+    "rerun `symlib posterior sample` with the same arguments (`--out` this folder): it rewrites exactly "
+    "the damaged chunks"
+)
 
-
-def _jsonable(obj: Any) -> Any:
-    """JSON round trip (tuples become lists) so that hashes of saved and reloaded records agree."""
-    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+__all__ = [
+    "KIND",
+    "identity",
+    "info",
+    "is_posterior",
+    "load",
+    "load_params",
+    "models",
+    "read_chunk",
+    "read_manifest",
+    "save",
+    "setup_record",
+]
 
 
 def model_spec(arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -68,7 +73,7 @@ def model_spec(arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
 
 def setup_record(setup: Setup) -> dict[str, Any]:
     """What a manifest records of the training problem."""
-    return _jsonable(
+    return jsonable(
         {
             "name": setup.name,
             "scale": setup.scale,
@@ -93,7 +98,7 @@ def identity(
 ) -> str:
     """First 16 hex digits of the sha256 of what determines a sample set (two runs with the same identity
     produce the same samples): method, sizes, hyper-parameters, training problem, base models, seed."""
-    key = _jsonable(
+    key = jsonable(
         {
             "method": method,
             "n_modes": n_modes,
@@ -108,22 +113,9 @@ def identity(
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a posterior sample set, checked to be one (:class:`symlib.zoo.ZooError` otherwise)."""
-    file = Path(path) / MANIFEST
-    if not file.is_file():
-        raise ZooError(
-            f"{file}: no manifest here; produce the set with `symlib posterior sample --out {path}`"
-        )
-    try:
-        man = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ZooError(f"{file}: corrupt manifest ({e})") from None
-    if man.get("format") != FORMAT or man.get("kind") != KIND:
-        raise ZooError(
-            f"{file}: not a posterior sample set (format {man.get('format')!r}, kind {man.get('kind')!r}); "
-            f"a checkpoint zoo loads with symlib.zoo.load"
-        )
-    return man
+    """The manifest of a posterior sample set, checked to be one (:class:`symlib.store.StoreError`
+    otherwise)."""
+    return store.read_manifest(path, KIND, f"produce the set with `symlib posterior sample --out {path}`")
 
 
 def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
@@ -141,8 +133,6 @@ def _manifest(
     base: dict[str, Any] | None,
     seed: int | None,
 ) -> dict[str, Any]:
-    import symlib
-
     ranges = _chunks(samples.n_samples, chunk)
     arch = (setup or {}).get("arch")
     return {
@@ -154,9 +144,9 @@ def _manifest(
         "n_per_mode": samples.n_per_mode,
         "n_samples": samples.n_samples,
         "seed": seed,
-        "hyper": _jsonable(samples.hyper),
-        "base": _jsonable({"seeds": list(samples.base_seeds), **(base or {})}),
-        "diagnostics": _jsonable(samples.diagnostics),
+        "hyper": jsonable(samples.hyper),
+        "base": jsonable({"seeds": list(samples.base_seeds), **(base or {})}),
+        "diagnostics": jsonable(samples.diagnostics),
         "setup": setup,
         "arch": arch,
         "data": (setup or {}).get("data"),
@@ -165,13 +155,12 @@ def _manifest(
         "dtypes": dtypes,
         "chunk": chunk,
         "chunks": [
-            {"chunk": c, "file": _chunk_name(c), "start": s, "stop": e}
+            {"chunk": c, "file": chunk_name(c), "start": s, "stop": e}
             for c, (s, e) in enumerate(ranges)
             if c in done
         ],
         "complete": sorted(done) == list(range(len(ranges))),
-        "symlib_version": symlib.__version__,
-        "git_commit": _git_commit(),
+        **store.provenance(),
     }
 
 
@@ -206,7 +195,7 @@ def save(
         The manifest.
 
     Raises:
-        ZooError: if ``out_dir`` holds another sample set or a zoo.
+        StoreError: if ``out_dir`` holds another sample set or a zoo.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,17 +213,16 @@ def save(
     if (out / MANIFEST).exists():
         try:
             old = read_manifest(out)
-        except ZooError as e:
-            raise ZooError(f"{out}: holds something else ({e}); choose another --out") from None
+        except StoreError as e:
+            raise StoreError(f"{out}: holds something else ({e}); choose another --out") from None
         if old.get("set_hash") != set_hash:
-            raise ZooError(
+            raise StoreError(
                 f"{out / MANIFEST}: this folder holds another sample set ({old.get('method')}, "
                 f"{old.get('n_modes')} x {old.get('n_per_mode')}, hash {old.get('set_hash')}), "
                 f"not this one ({samples.method}, {samples.n_modes} x {samples.n_per_mode}, {set_hash}); "
                 f"choose another --out"
             )
-    for stale in [*out.glob(".chunk-*.tmp"), *out.glob(f".{MANIFEST}.*.tmp")]:
-        stale.unlink(missing_ok=True)
+    store.remove_stale(out)
     for k, v in samples.params.items():
         if v.is_floating_point() and not torch.isfinite(v).all():
             raise ValueError(
@@ -245,20 +233,17 @@ def save(
     ranges = _chunks(samples.n_samples, chunk)
     done: list[int] = []
     for c, (s, e) in enumerate(ranges):
-        file = out / _chunk_name(c)
+        file = out / chunk_name(c)
         if file.exists():
             try:
                 _read_chunk_file(file, set_hash, shapes, s, e)
                 done.append(c)
                 continue
-            except ZooError:
+            except StoreError:
                 pass  # damaged or stale: rewrite it
-    write = lambda: _atomic_write_bytes(  # noqa: E731
-        out / MANIFEST,
-        json.dumps(
-            _manifest(samples, set_hash, chunk, done, shapes, dtypes, srec, base, seed), indent=1
-        ).encode(),
-    )
+    def write() -> None:
+        store.write_manifest(out, _manifest(samples, set_hash, chunk, done, shapes, dtypes, srec, base, seed))
+
     write()
     modes = samples.modes
     for c, (s, e) in enumerate(ranges):
@@ -272,7 +257,7 @@ def save(
             "chunk": str(c),
             "samples": json.dumps(recs),
         }
-        _atomic_save({k: v[s:e] for k, v in samples.params.items()}, out / _chunk_name(c), meta)
+        store.atomic_save({k: v[s:e] for k, v in samples.params.items()}, out / chunk_name(c), meta)
         done.append(c)
         write()
     return read_manifest(out)
@@ -281,40 +266,11 @@ def save(
 def _read_chunk_file(
     path: Path, set_hash: str, shapes: dict[str, list[int]], start: int, stop: int
 ) -> Params:
-    if not path.is_file():
-        raise ZooError(
-            f"{path}: missing, the sample set is incomplete; rerun `symlib posterior sample` with the same "
-            f"arguments to write it"
-        )
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises several types for damaged files
-        raise ZooError(
-            f"{path}: cannot read this file ({type(e).__name__}: {e}); delete it and rerun"
-        ) from None
-    if meta.get("format") != FORMAT or meta.get("kind") != KIND:
-        raise ZooError(f"{path}: not a posterior sample chunk (metadata {sorted(meta)})")
-    if meta.get("set_hash") != set_hash:
-        raise ZooError(f"{path}: belongs to sample set {meta.get('set_hash')}, not {set_hash}")
-    if meta.get("sha256") != tensor_digest(tensors):
-        raise ZooError(
-            f"{path}: its weights do not match the sha256 recorded when it was written, so the file is "
-            f"corrupt; delete it and rerun `symlib posterior sample`"
-        )
+    tensors, meta = store.read_chunk(path, {"kind": KIND, "set_hash": set_hash}, REPAIR)
     idx = [r["index"] for r in json.loads(meta["samples"])]
     if idx != list(range(start, stop)):
-        raise ZooError(f"{path}: holds samples {idx[:3]}..., expected {start}..{stop - 1}")
-    if set(tensors) != set(shapes):
-        raise ZooError(f"{path}: tensors {sorted(tensors)} do not match the manifest's {sorted(shapes)}")
-    for k, v in tensors.items():
-        if list(v.shape) != [stop - start, *shapes[k]]:
-            raise ZooError(
-                f"{path}: tensor {k!r} has shape {tuple(v.shape)}, expected {(stop - start, *shapes[k])}"
-            )
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ZooError(f"{path}: tensor {k!r} holds NaN or infinite weights")
+        raise StoreError(f"{path}: holds samples {idx[:3]}..., expected {start}..{stop - 1}")
+    store.check_tensors(path, tensors, shapes, stop - start, "the manifest's tensors", fix=REPAIR)
     return tensors
 
 
@@ -323,7 +279,7 @@ def read_chunk(path: str | os.PathLike, manifest: dict[str, Any], c: int) -> Par
     checksum, sample indices, tensor names and shapes, finiteness)."""
     start, stop = _chunks(manifest["n_samples"], manifest["chunk"])[c]
     return _read_chunk_file(
-        Path(path) / _chunk_name(c), manifest["set_hash"], manifest["shapes"], start, stop
+        Path(path) / chunk_name(c), manifest["set_hash"], manifest["shapes"], start, stop
     )
 
 
@@ -336,7 +292,7 @@ def load_params(path: str | os.PathLike, device: str | torch.device = "cpu") -> 
     have = sorted(ch["chunk"] for ch in man["chunks"])
     if not man.get("complete") or have != list(range(n_chunks)):
         missing = sorted(set(range(n_chunks)) - set(have))
-        raise ZooError(
+        raise StoreError(
             f"{path / MANIFEST}: sample set is incomplete (chunks {missing} missing); finish it by rerunning "
             f"`symlib posterior sample` with the same arguments"
         )
@@ -365,7 +321,7 @@ def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
 
     spec = manifest.get("model") or {}
     if not spec.get("class"):
-        raise ZooError(
+        raise StoreError(
             f"sample set of architecture {manifest.get('arch')!r}: no symlib.models class to rebuild"
         )
     out = []
@@ -383,11 +339,7 @@ def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
 
 def is_posterior(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a posterior sample set (its manifest says ``"kind": "posterior"``)."""
-    file = Path(path) / MANIFEST
-    try:
-        return json.loads(file.read_text()).get("kind") == KIND
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        return False
+    return store.kind_of(path) == KIND
 
 
 def info(path: str | os.PathLike) -> str:

@@ -33,14 +33,21 @@ augmented training set, as for the target zoo).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 
-from symlib import train as _train
-from symlib.posteriors import sampling
-from symlib.posteriors.base import Params, SampleSet, Setup
+from symlib import training as _train
+from symlib.params import Params, stack, state_of, unstack
+from symlib.posteriors.base import Method, Request, SampleSet, check_positive
+from symlib.posteriors.modules import init_stacked, new_module
+from symlib.posteriors.seeds import base_seeds, generator, stream_seeds
+from symlib.progress import bar
+from symlib.training import loop
+
+__all__ = ["METHOD", "sample", "step"]
 
 
 def step(
@@ -67,14 +74,49 @@ def step(
     return new_t, new_v
 
 
-def sample(
-    setup: Setup,
-    n_modes: int,
-    n_per_mode: int,
-    seed: int = 0,
+@dataclasses.dataclass
+class _Stacked:
+    """The SGHMC rule of stacked chains for :func:`symlib.training.loop.run`; state ``(theta, v)``."""
+
+    n_train: int
+    weight_decay: float
+    eta: float
+    alpha: float
+    temperature: float
+    gen: torch.Generator
+    arch: str = "optunet"
+
+    def step(self, state: tuple[Params, Params], b: _train.Batch):
+        theta, v = state
+        loss, grads = _train.loss_and_grads(theta, b.x, b.y, self.arch)
+        grad_u = {k: (grads[k] + self.weight_decay * theta[k]) * self.n_train for k in theta}
+        return step(theta, v, grad_u, self.eta, self.alpha, self.temperature, self.gen), loss
+
+
+@dataclasses.dataclass
+class _Module(_Stacked):
+    """The same rule on one ``nn.Module`` (gradients by autograd); state: the module and ``v``."""
+
+    def step(self, state, b: _train.Batch):
+        model, v = state
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(b.x[0]), b.y[0])
+        if not bool(torch.isfinite(loss)):
+            return (model, v), loss.detach().reshape(1)
+        loss.backward()
+        with torch.no_grad():
+            ps = dict(model.named_parameters())
+            theta = {k: p.detach() for k, p in ps.items()}
+            grad_u = {k: (ps[k].grad + self.weight_decay * theta[k]) * self.n_train for k in ps}
+            new_t, v = step(theta, v, grad_u, self.eta, self.alpha, self.temperature, self.gen)
+            for k, p in ps.items():
+                p.copy_(new_t[k])
+        return (model, v), loss.detach().reshape(1)
+
+
+def _draw(
+    req: Request,
     *,
-    base: Params | None = None,
-    progress: bool = True,
     lr: float | None = None,
     alpha: float = 0.1,
     temperature: float = 1.0,
@@ -83,13 +125,12 @@ def sample(
 ) -> SampleSet:
     """SGHMC chains on the setup's posterior, ``n_per_mode`` thinned samples per chain.
 
+    The chains start from the base models when given (one chain per base model), else from the
+    initialisation of ``base_seeds(n_modes, seed)``; their noise and data orders come from
+    :func:`~symlib.posteriors.seeds.stream_seeds`. The posterior is the setup's: data ``N``, batches,
+    augmentation and the prior :math:`\\lambda = N\\,wd`.
+
     Args:
-        setup: the problem (data ``N``, batches, augmentation, the prior :math:`\\lambda = N\\,wd`).
-        n_modes: chains (one per base model when ``base`` is given).
-        n_per_mode: samples kept per chain.
-        seed: run seed (noise and data streams: :func:`~symlib.posteriors.sampling.stream_seeds`).
-        base: stacked base models ``(n_modes, ...)`` to start from (optional; else from initialisation).
-        progress: progress bar.
         lr: step size as a per-example learning rate, :math:`\\eta = lr / N` (default: the recipe's final
             learning rate, where the base models ended).
         alpha: friction :math:`\\alpha` (momentum ``1 - alpha``; 0.1).
@@ -101,10 +142,10 @@ def sample(
     Returns:
         The samples (``method="sghmc"``), diagnostics: mean training loss of each chain over the kept part.
     """
-    sampling.check_sizes(n_modes, n_per_mode)
+    setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
     rec = setup.recipe
     lr = rec.lr_at(rec.epochs - 1) if lr is None else lr
-    sampling.check_positive(lr=lr, temperature=temperature, thin=thin)
+    check_positive(lr=lr, temperature=temperature, thin=thin)
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"friction alpha must be in (0, 1], got {alpha!r}")
     if rec.weight_decay <= 0:
@@ -113,8 +154,6 @@ def sample(
             f"{rec.weight_decay}; use a recipe with weight_decay > 0"
         )
     from_base = base is not None
-    if from_base:
-        base = sampling.check_base(setup, base, n_modes, "sghmc")
     burn_in = (max(1, rec.epochs // 2) if from_base else rec.epochs) if burn_in is None else burn_in
     if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
         raise ValueError(f"burn_in must be a non-negative number of epochs, got {burn_in!r}")
@@ -122,76 +161,63 @@ def sample(
         raise ValueError(f"thin must be a positive number of epochs, got {thin!r}")
     n_train = setup.n_train
     eta = lr / n_train
-    chain_seeds = sampling.base_seeds(n_modes, seed)
-    *data_seeds, noise_seed = sampling.stream_seeds(n_modes + 1, seed, "sghmc")
+    chain_seeds = base_seeds(n_modes, req.seed)
+    *data_seeds, noise_seed = stream_seeds(n_modes + 1, req.seed, "sghmc")
     epochs = burn_in + thin * n_per_mode
     keep = {burn_in + thin * (j + 1) - 1 for j in range(n_per_mode)}  # epochs after which to keep
-    gen = sampling.generator(noise_seed, setup.device)
-    from symlib.progress import bar
-
+    gen = generator(noise_seed, setup.device)
     steps = epochs * -(-n_train // rec.batch_size)
-    kept: list[Params] = []
-    losses: list[float] = []
-    if setup.arch == "optunet":
+    rule_args = dict(n_train=n_train, weight_decay=rec.weight_decay, eta=eta, alpha=alpha,
+                     temperature=temperature, gen=gen)
+    if setup.arch in _train.STACKED_GRADS:
         if from_base:
             theta = {k: base[k].clone() for k in _train.OPTUNET_SHAPES}
         else:
-            theta = sampling.init_stacked(setup, chain_seeds)
-        v = {k: torch.zeros_like(t) for k, t in theta.items()}
+            theta = init_stacked(setup, chain_seeds)
+        kept: list[Params] = []
         run = torch.zeros(n_modes, dtype=torch.float64)
-        cnt = 0
-        with bar(steps, f"sghmc ({n_modes} chains stacked)", enabled=progress, unit="step") as pb:
-            for b in _train.minibatches(data_seeds, setup.x, setup.y, rec, setup.fill[0], epochs=epochs):
-                loss, grads = _train.loss_and_grads(theta, b.x, b.y, "optunet")
-                sampling.check_finite_loss(loss, b.step, chain_seeds, "sghmc")
-                grad_u = {k: (grads[k] + rec.weight_decay * theta[k]) * n_train for k in theta}
-                theta, v = step(theta, v, grad_u, eta, alpha, temperature, gen)
-                if b.epoch >= burn_in:
-                    run += loss.detach().double().cpu()
-                    cnt += 1
-                if b.last_in_epoch and b.epoch in keep:
-                    kept.append({k: t.clone() for k, t in theta.items()})
-                pb.update(1)
+        cnt = [0]
+
+        def record(b: _train.Batch, state, loss: torch.Tensor) -> None:
+            if b.epoch >= burn_in:
+                run.add_(loss.detach().double().cpu())
+                cnt[0] += 1
+            if b.last_in_epoch and b.epoch in keep:
+                kept.append({k: t.clone() for k, t in state[0].items()})
+
+        state = (theta, {k: torch.zeros_like(t) for k, t in theta.items()})
+        with bar(steps, f"sghmc ({n_modes} chains stacked)", enabled=req.progress, unit="step") as pb:
+            theta, _ = loop.run(_Stacked(**rule_args, arch=setup.arch), state, data_seeds, setup.x, setup.y,
+                                rec, fill=setup.fill[0], epochs=epochs, what="sghmc", on_step=record, bar=pb)
         for t in theta.values():
             if not torch.isfinite(t).all():
                 raise FloatingPointError("sghmc: the chains diverged (non-finite weights); lower lr")
-        losses = (run / max(cnt, 1)).tolist()
+        losses = (run / max(cnt[0], 1)).tolist()
         # kept: n_per_mode dicts of (M, ...) -> mode-major (M * n_per_mode, ...)
         params = {k: torch.stack([s[k] for s in kept], 1).flatten(0, 1) for k in kept[0]}
     else:
-        per_chain = []
-        with bar(steps * n_modes, "sghmc (chains one by one)", enabled=progress, unit="step") as pb:
+        per_chain, losses = [], []
+        with bar(steps * n_modes, "sghmc (chains one by one)", enabled=req.progress, unit="step") as pb:
             for i in range(n_modes):
                 if from_base:
-                    model = sampling.new_module(setup, sampling.unstack(base, i))
+                    model = new_module(setup, unstack(base, i))
                 else:
-                    model = sampling.new_module(setup, seed=chain_seeds[i])
+                    model = new_module(setup, seed=chain_seeds[i])
                 model.train()
-                names = [k for k, _ in model.named_parameters()]
-                v = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
-                samples_i, run, cnt = [], 0.0, 0
-                for b in _train.minibatches(
-                    [data_seeds[i]], setup.x, setup.y, rec, setup.fill, epochs=epochs
-                ):
-                    model.zero_grad(set_to_none=True)
-                    loss = F.cross_entropy(model(b.x[0]), b.y[0])
-                    sampling.check_finite_loss(loss, b.step, [chain_seeds[i]], "sghmc")
-                    loss.backward()
-                    with torch.no_grad():
-                        ps = dict(model.named_parameters())
-                        theta = {k: ps[k].detach() for k in names}
-                        grad_u = {k: (ps[k].grad + rec.weight_decay * theta[k]) * n_train for k in names}
-                        new_t, v = step(theta, v, grad_u, eta, alpha, temperature, gen)
-                        for k in names:
-                            ps[k].copy_(new_t[k])
+                samples_i, acc = [], [0.0, 0]
+
+                def record(b: _train.Batch, state, loss: torch.Tensor, samples_i=samples_i, acc=acc) -> None:
                     if b.epoch >= burn_in:
-                        run, cnt = run + float(loss.detach()), cnt + 1
+                        acc[0], acc[1] = acc[0] + float(loss), acc[1] + 1
                     if b.last_in_epoch and b.epoch in keep:
-                        samples_i.append(sampling.state_of(model))
-                    pb.update(1)
+                        samples_i.append(state_of(state[0]))
+
+                v = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+                loop.run(_Module(**rule_args), (model, v), [data_seeds[i]], setup.x, setup.y, rec,
+                         fill=setup.fill, epochs=epochs, what="sghmc", on_step=record, bar=pb)
                 per_chain.extend(samples_i)
-                losses.append(run / max(cnt, 1))
-        params = sampling.stack(per_chain)
+                losses.append(acc[0] / max(acc[1], 1))
+        params = stack(per_chain)
     return SampleSet(
         params=params,
         method="sghmc",
@@ -212,3 +238,7 @@ def sample(
         },
         diagnostics={"mean_loss_after_burn_in": losses},
     )
+
+
+METHOD = Method("sghmc", _draw, base="optional")
+sample = METHOD.sampler()

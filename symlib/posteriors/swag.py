@@ -39,11 +39,17 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 
-from symlib import train as _train
-from symlib.posteriors import sampling
-from symlib.posteriors.base import Params, SampleSet, Setup
+from symlib import training as _train
+from symlib.params import Params, flatten, unflatten, unstack
+from symlib.posteriors import modules
+from symlib.posteriors.base import Method, Request, SampleSet, Setup, check_positive
+from symlib.posteriors.modules import new_module
+from symlib.posteriors.seeds import generator, stream_seeds
+from symlib.progress import bar
+from symlib.training import loop
+
+__all__ = ["METHOD", "Moments", "draw", "fit", "sample", "schedule"]
 
 
 def schedule(n_steps: int, n_snapshots: int, lr: float, lr_start: float) -> tuple[list[float], list[int]]:
@@ -107,20 +113,6 @@ def draw(
     return mean[:, None] + math.sqrt(scale) * (var.sqrt()[:, None] * z1 + low)
 
 
-def _flat(params: Params, names: list[str]) -> torch.Tensor:
-    return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in names], 1)
-
-
-def _unflat(vec: torch.Tensor, like: Params, names: list[str]) -> Params:
-    out, i = {}, 0
-    for k in names:
-        shape = like[k].shape[1:]
-        size = math.prod(shape)
-        out[k] = vec[:, i : i + size].reshape(vec.shape[0], *shape).to(like[k].dtype)
-        i += size
-    return out
-
-
 def fit(
     setup: Setup,
     base: Params,
@@ -148,69 +140,56 @@ def fit(
         ``(moments, names, final_losses)``: the SWAG statistics over the flattened parameters ``names``,
         and each model's mean training loss over the last interval.
     """
-    from symlib.progress import bar
-
     rec = setup.recipe
     steps_per_epoch = -(-setup.n_train // rec.batch_size)
     lrs, snaps = schedule(epochs * steps_per_epoch, n_snapshots, lr, rec.lr_at(rec.epochs - 1))
     snap_set = set(snaps)
     mom = Moments(rank)
     m = len(seeds)
-    losses = torch.zeros(m, dtype=torch.float64)
-    count = 0
-    if setup.arch == "optunet":
+    if setup.arch in _train.STACKED_GRADS:
         names = list(_train.OPTUNET_SHAPES)
-        theta = {k: base[k].clone() for k in names}
-        bufs = None
+        losses = torch.zeros(m, dtype=torch.float64)
+        count = [0]
+
+        def record(b: _train.Batch, state, loss: torch.Tensor) -> None:
+            losses.add_(loss.detach().double().cpu())
+            count[0] += 1
+            if b.step in snap_set:
+                flat = flatten(state[0], names)
+                mom.collect(flat)
+                if snapshots is not None:
+                    snapshots.append(flat.detach().clone())
+                if b.step != snaps[-1]:
+                    losses.zero_()
+                    count[0] = 0
+
+        rule = loop.StackedSGD(rec, setup.arch, lr=lambda b: lrs[b.step])
         with bar(len(lrs), f"swag ({m} stacked)", enabled=progress, unit="step") as pb:
-            for b in _train.minibatches(seeds, setup.x, setup.y, rec, setup.fill[0], epochs=epochs):
-                loss, grads = _train.loss_and_grads(theta, b.x, b.y, "optunet")
-                sampling.check_finite_loss(loss, b.step, seeds, "swag")
-                theta, bufs = _train.sgd_step(theta, grads, bufs, lrs[b.step], rec)
-                losses += loss.detach().double().cpu()
-                count += 1
-                if b.step in snap_set:
-                    flat = _flat(theta, names)
-                    mom.collect(flat)
-                    if snapshots is not None:
-                        snapshots.append(flat.detach().clone())
-                    if b.step != snaps[-1]:
-                        losses.zero_()
-                        count = 0
-                pb.update(1)
-        return mom, names, (losses / max(count, 1)).tolist()
+            loop.run(rule, rule.init({k: base[k].clone() for k in names}), seeds, setup.x, setup.y, rec,
+                     fill=setup.fill[0], epochs=epochs, what="swag", on_step=record, bar=pb)
+        return mom, names, (losses / max(count[0], 1)).tolist()
     # nn.Module path: one model after another, the snapshots of all models collected together
     per_model: list[list[torch.Tensor]] = []
     final = []
     with bar(len(lrs) * m, "swag (one by one)", enabled=progress, unit="step") as pb:
         for i, s in enumerate(seeds):
-            model = sampling.new_module(setup, sampling.unstack(base, i)).train()
+            model = new_module(setup, unstack(base, i))
             names = [k for k, _ in model.named_parameters()]
-            opt = torch.optim.SGD(
-                model.parameters(),
-                lr=lrs[0],
-                momentum=rec.momentum,
-                weight_decay=rec.weight_decay,
-                nesterov=rec.nesterov,
-            )
-            snaps_i, run_loss, cnt = [], 0.0, 0
-            for b in _train.minibatches([s], setup.x, setup.y, rec, setup.fill, epochs=epochs):
-                for g in opt.param_groups:
-                    g["lr"] = lrs[b.step]
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(b.x[0]), b.y[0])
-                sampling.check_finite_loss(loss, b.step, [s], "swag")
-                loss.backward()
-                opt.step()
-                run_loss, cnt = run_loss + float(loss.detach()), cnt + 1
+            snaps_i, acc = [], [0.0, 0]
+
+            def record(b: _train.Batch, model, loss, snaps_i=snaps_i, acc=acc, names=names) -> None:
+                acc[0], acc[1] = acc[0] + float(loss), acc[1] + 1
                 if b.step in snap_set:
                     params = dict(model.named_parameters())
                     snaps_i.append(torch.cat([params[k].detach().reshape(-1) for k in names]))
                     if b.step != snaps[-1]:
-                        run_loss, cnt = 0.0, 0
-                pb.update(1)
+                        acc[0], acc[1] = 0.0, 0
+
+            rule = loop.ModuleSGD(rec, lr=lambda b: lrs[b.step])
+            loop.run(rule, rule.init(model), [s], setup.x, setup.y, rec, fill=setup.fill, epochs=epochs,
+                     what="swag", on_step=record, bar=pb)
             per_model.append(snaps_i)
-            final.append(run_loss / max(cnt, 1))
+            final.append(acc[0] / max(acc[1], 1))
     for k in range(n_snapshots):
         flat = torch.stack([snaps_i[k] for snaps_i in per_model])
         mom.collect(flat)
@@ -219,14 +198,9 @@ def fit(
     return mom, names, final
 
 
-def sample(
-    setup: Setup,
-    n_modes: int,
-    n_per_mode: int,
-    seed: int = 0,
+def _draw(
+    req: Request,
     *,
-    base: Params | None = None,
-    progress: bool = True,
     lr: float | None = None,
     epochs: int | None = None,
     n_snapshots: int = 20,
@@ -237,13 +211,10 @@ def sample(
 ) -> SampleSet:
     """SWAG around each of ``n_modes`` base models, ``n_per_mode`` samples each.
 
+    The continued runs' data streams and the Gaussian draws come from
+    :func:`~symlib.posteriors.seeds.stream_seeds`.
+
     Args:
-        setup: the training problem.
-        n_modes, n_per_mode: sizes.
-        seed: run seed (data streams and Gaussian draws from
-            :func:`~symlib.posteriors.sampling.stream_seeds`).
-        base: the stacked base models ``(n_modes, ...)`` (required).
-        progress: progress bar.
         lr: the high learning rate (default: the recipe's initial rate).
         epochs: length of the continued run (default ``2 * recipe.epochs``).
         n_snapshots: snapshots collected (20).
@@ -256,24 +227,25 @@ def sample(
         The samples (``method="swag"``), diagnostics: each mode's mean loss over the last interval and
         the mean diagonal variance.
     """
-    sampling.check_sizes(n_modes, n_per_mode)
-    base = sampling.check_base(setup, base, n_modes, "swag")
+    setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
     lr = setup.recipe.lr if lr is None else lr
     epochs = 2 * setup.recipe.epochs if epochs is None else epochs
-    sampling.check_positive(lr=lr, epochs=epochs, n_snapshots=n_snapshots, scale=scale)
+    check_positive(lr=lr, epochs=epochs, n_snapshots=n_snapshots, scale=scale)
     if not (isinstance(rank, int) and 2 <= rank):
         raise ValueError(f"rank must be an integer >= 2, got {rank!r}")
-    *data_seeds, draw_seed = sampling.stream_seeds(n_modes + 1, seed, "swag")
+    *data_seeds, draw_seed = stream_seeds(n_modes + 1, req.seed, "swag")
     mom, names, final = fit(
-        setup, base, data_seeds, lr=lr, epochs=epochs, n_snapshots=n_snapshots, rank=rank, progress=progress
+        setup, base, data_seeds, lr=lr, epochs=epochs, n_snapshots=n_snapshots, rank=rank,
+        progress=req.progress,
     )
-    flat = draw(mom, n_per_mode, sampling.generator(draw_seed), scale, var_clamp)  # (M, n, d)
+    flat = draw(mom, n_per_mode, generator(draw_seed), scale, var_clamp)  # (M, n, d)
     flat = flat.reshape(n_modes * n_per_mode, -1)
     rep = {k: v.repeat_interleave(n_per_mode, 0) for k, v in base.items()}
-    params = {**rep, **_unflat(flat, rep, names)}
+    shapes, dtypes = {k: rep[k].shape[1:] for k in names}, {k: rep[k].dtype for k in names}
+    params = {**rep, **unflatten(flat, shapes, dtypes)}
     if bn_update and setup.arch != "optunet":
         for i in range(n_modes * n_per_mode):
-            model = sampling.bn_update(sampling.new_module(setup, sampling.unstack(params, i)), setup)
+            model = modules.bn_update(new_module(setup, unstack(params, i)), setup)
             for k, v in model.state_dict().items():
                 params[k][i] = v.detach()
     return SampleSet(
@@ -300,3 +272,7 @@ def sample(
             "snapshots": mom.n,
         },
     )
+
+
+METHOD = Method("swag", _draw, base="required")
+sample = METHOD.sampler()

@@ -19,12 +19,16 @@ caches zoos under ``$SYMLIB_CACHE`` (default ``~/.cache/symlib/zoos``), keyed
 by preset, scale and a hash of the configuration.
 
 The package splits these concepts into modules: :mod:`~symlib.zoo.config` (``ZooConfig``, presets),
-:mod:`~symlib.zoo.store` (atomic writes, chunks, checksums, manifest), :mod:`~symlib.zoo.training`
-(data, training, shards) and :mod:`~symlib.zoo.cache` (load, merge, cache, info). :func:`load` also
-reads the posterior sample sets of :mod:`symlib.posteriors.io`, which use the same format.
+:mod:`~symlib.zoo.chunks` (a zoo's chunks and manifest on the common format of :mod:`symlib.store`),
+:mod:`~symlib.zoo.training` (data, training, shards) and :mod:`~symlib.zoo.cache` (load, merge, cache,
+info). Posterior sample sets (:mod:`symlib.posteriors.io`) use the same format; :func:`symlib.load`
+reads either kind.
 """
 
+from symlib.params import Params
+from symlib.store import FORMAT, MANIFEST, tensor_digest
 from symlib.zoo.cache import cache_dir, cache_path, info, load, load_or_train, merge, models_from_stacked
+from symlib.zoo.chunks import ZooError, read_chunk
 from symlib.zoo.config import (
     ARCHS,
     CPU_EPOCHS,
@@ -34,7 +38,6 @@ from symlib.zoo.config import (
     ZooConfig,
     preset,
 )
-from symlib.zoo.store import FORMAT, MANIFEST, Params, ZooError, read_chunk, tensor_digest
 from symlib.zoo.training import load_data, train
 
 __all__ = [

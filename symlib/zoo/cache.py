@@ -11,17 +11,11 @@ from typing import Any
 import torch
 
 from symlib import scales as _scales
+from symlib import store
+from symlib.params import Params
+from symlib.store import MANIFEST, chunk_name
+from symlib.zoo.chunks import ZooError, read_chunk, read_manifest, write_manifest
 from symlib.zoo.config import ZooConfig
-from symlib.zoo.store import (
-    MANIFEST,
-    Params,
-    ZooError,
-    _atomic_write_bytes,
-    _chunk_name,
-    _read_manifest,
-    _write_manifest,
-    read_chunk,
-)
 
 
 def _check_complete(path: Path, man: dict[str, Any], cfg: ZooConfig) -> None:
@@ -41,8 +35,8 @@ def _check_complete(path: Path, man: dict[str, Any], cfg: ZooConfig) -> None:
 def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.device = "cpu"):
     """Load a whole zoo in one call, checking every file.
 
-    A posterior sample set (:mod:`symlib.posteriors.io`) loads the same way; its manifest is then the
-    set's (method, hyper-parameters, base models, modes).
+    A posterior sample set has the same format but its own manifest: load it with :func:`symlib.load`
+    (either kind) or :func:`symlib.posteriors.io.load`.
 
     Args:
         path: the zoo directory.
@@ -60,12 +54,7 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
     if as_ not in ("stacked", "models"):
         raise ValueError(f"as_ must be 'stacked' or 'models', got {as_!r}")
     path = Path(path)
-    from symlib.posteriors import io as _post_io
-
-    if _post_io.is_posterior(path):  # a posterior sample set: same format, its own manifest
-        params, man = _post_io.load_params(path, device)
-        return (params, man) if as_ == "stacked" else (_post_io.models(params, man), man)
-    man = _read_manifest(path)
+    man = read_manifest(path)
     try:
         cfg = ZooConfig.from_dict(man["config"])
     except (KeyError, TypeError, ValueError) as e:
@@ -75,7 +64,7 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
     _check_complete(path, man, cfg)
     parts = []
     for c in range(cfg.n_chunks):
-        tensors, recs = read_chunk(path / _chunk_name(c), cfg)
+        tensors, recs = read_chunk(path / chunk_name(c), cfg)
         parts.append(tensors)
     dev = _scales.check_device(device)
     stacked = {k: torch.cat([p[k] for p in parts]).to(dev) for k in parts[0]}
@@ -110,7 +99,7 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
     dirs = [Path(p) for p in shard_dirs]
     if not dirs:
         raise ValueError("merge needs at least one shard directory")
-    mans = [_read_manifest(p) for p in dirs]
+    mans = [read_manifest(p) for p in dirs]
     cfg = ZooConfig.from_dict(mans[0]["config"])
     owner: dict[int, Path] = {}
     records: dict[int, list] = {}
@@ -129,7 +118,7 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
                     f"{owner[c]} and {p}; each shard must train a disjoint slice"
                 )
             owner[c] = p
-            records[c] = read_chunk(p / _chunk_name(c), cfg)[1]
+            records[c] = read_chunk(p / chunk_name(c), cfg)[1]
     missing = sorted(set(range(cfg.n_chunks)) - set(owner))
     if missing:
         lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
@@ -139,13 +128,13 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).exists() and _read_manifest(out)["config_hash"] != cfg.hash:
+    if (out / MANIFEST).exists() and read_manifest(out)["config_hash"] != cfg.hash:
         raise ZooError(f"{out / MANIFEST}: holds another zoo; choose another output folder")
     for c, p in sorted(owner.items()):
-        src, dst = p / _chunk_name(c), out / _chunk_name(c)
+        src, dst = p / chunk_name(c), out / chunk_name(c)
         if src.resolve() != dst.resolve():
-            _atomic_write_bytes(dst, src.read_bytes())
-    return _write_manifest(
+            store.atomic_write_bytes(dst, src.read_bytes())
+    return write_manifest(
         out, cfg, sorted(owner), records, mans[0].get("data"), None, list(range(cfg.n_chunks))
     )
 
@@ -189,7 +178,7 @@ def load_or_train(
     if seed is not None:
         cfg = dataclasses.replace(cfg, seed=seed)
     path = cache_path(cfg, cache_dir)
-    man = _read_manifest(path) if (path / MANIFEST).exists() else None
+    man = read_manifest(path) if (path / MANIFEST).exists() else None
     if man is None or not man.get("complete"):
         import symlib.zoo as _zoo  # through the package, so that a patched ``zoo.train`` is seen
 
@@ -198,14 +187,10 @@ def load_or_train(
 
 
 def info(path: str | os.PathLike) -> str:
-    """A human-readable summary of a zoo directory (also of an incomplete one or a shard) or of a posterior
-    sample set."""
+    """A human-readable summary of a zoo directory (also of an incomplete one or a shard); :func:`symlib.info`
+    also summarises posterior sample sets."""
     path = Path(path)
-    from symlib.posteriors import io as _post_io
-
-    if _post_io.is_posterior(path):
-        return _post_io.info(path)
-    man = _read_manifest(path)
+    man = read_manifest(path)
     cfg = ZooConfig.from_dict(man["config"])
     n = len(man["models"])
     lines = [

@@ -15,7 +15,7 @@ import torch
 
 from symlib import models as _models
 from symlib import scales as _scales
-from symlib import train as _train
+from symlib import training as _train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +38,8 @@ class ZooConfig:
         num_classes: outputs of the network.
         image_size: side of the input images; channels: their channels.
         data_order: version of the trainer's per-model data order and crops
-            (:data:`symlib.train.DATA_ORDER`); part of the hash, so zoos trained with another order are
-            cached apart.
+            (:data:`symlib.training.plans.DATA_ORDER`); part of the hash, so zoos trained with another order
+            are cached apart.
     """
 
     preset: str

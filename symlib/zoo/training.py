@@ -13,19 +13,12 @@ from typing import Any
 import torch
 
 from symlib import scales as _scales
-from symlib import train as _train
+from symlib import store
+from symlib import training as _train
+from symlib.params import Params
+from symlib.store import FORMAT, MANIFEST, chunk_name
+from symlib.zoo.chunks import ZooError, read_chunk, read_manifest, write_manifest
 from symlib.zoo.config import ZooConfig
-from symlib.zoo.store import (
-    FORMAT,
-    MANIFEST,
-    Params,
-    ZooError,
-    _atomic_save,
-    _chunk_name,
-    _read_manifest,
-    _write_manifest,
-    read_chunk,
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,23 +152,22 @@ def train(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if (out / MANIFEST).exists():
-        old = _read_manifest(out)
+        old = read_manifest(out)
         if old["config_hash"] != cfg.hash:
             raise ZooError(
                 f"{out / MANIFEST}: this folder holds zoo {old['preset']}/{old['scale']} "
                 f"(config {old['config_hash']}), not {cfg.preset}/{cfg.scale} ({cfg.hash}); "
                 f"choose another --out"
             )
-    for stale in [*out.glob(".chunk-*.tmp"), *out.glob(f".{MANIFEST}.*.tmp")]:
-        stale.unlink(missing_ok=True)  # left by a killed run (one run per folder at a time)
+    store.remove_stale(out)  # left by a killed run (one run per folder at a time)
     records: dict[int, list] = {}
     for c in mine:
-        if (out / _chunk_name(c)).exists():
-            records[c] = read_chunk(out / _chunk_name(c), cfg)[1]
+        if (out / chunk_name(c)).exists():
+            records[c] = read_chunk(out / chunk_name(c), cfg)[1]
     todo = [c for c in mine if c not in records]
     data_info = None
     if (out / MANIFEST).exists():
-        data_info = _read_manifest(out).get("data")
+        data_info = read_manifest(out).get("data")
     if todo:
         d = load_data(cfg, dev)
         if data_info is not None and data_info.get("fingerprint") != d.info["fingerprint"]:
@@ -185,7 +177,7 @@ def train(
             )
         data_info = d.info
     done = lambda: sorted(records)  # noqa: E731
-    _write_manifest(out, cfg, done(), records, data_info, shard, mine)
+    write_manifest(out, cfg, done(), records, data_info, shard, mine)
     per_chunk = cfg.recipe.epochs
     total = sum(cfg.chunk_range(c)[1] - cfg.chunk_range(c)[0] for c in mine) * per_chunk
     initial = sum(len(records[c]) for c in records) * per_chunk
@@ -206,7 +198,7 @@ def train(
                 "arch": cfg.arch,
                 "models": json.dumps(recs),
             }
-            _atomic_save(theta, out / _chunk_name(c), meta)
+            store.atomic_save(theta, out / chunk_name(c), meta)
             records[c] = recs
-            _write_manifest(out, cfg, done(), records, data_info, shard, mine)
-    return _read_manifest(out)
+            write_manifest(out, cfg, done(), records, data_info, shard, mine)
+    return read_manifest(out)

@@ -1,0 +1,188 @@
+r"""Counting weight-space symmetries (book: chapter "Symmetries of real architectures"; paper App. D.1, D.4).
+
+From a :class:`~symlib.symmetry.spec.Spec` (e.g. :func:`symlib.symmetry.trace.spec_of`), every
+permutation label of ``n`` channels contributes
+
+* ``n!`` permutations when nothing constrains it (paper D.1: an MLP has
+  :math:`\prod_\ell n_\ell!` permutation-generated copies of each network);
+* :math:`((n/G)!)^G` when a grouped convolution with ``G`` groups reads or
+  writes it (paper D.4.2), times :math:`G!` once per tie for moving whole groups
+  together with the groups they feed (the paper's count leaves these swaps out);
+* one factor for all the layers a residual stream ties together (D.4.4),
+  instead of one per layer;
+
+and every scaling label of ``n`` channels contributes ``n`` scaling degrees of
+freedom (sDoF): one positive factor per channel (D.4.1: per output channel of a
+convolution; D.4.3: a BatchNorm absorbs the scale before it and adds its own).
+The group of the network is the product over labels, so its order is the
+product of the per-label counts; :func:`table` lists them per layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from symlib.symmetry.spec import Spec
+
+
+def _log10_factorial(n: int) -> float:
+    return math.lgamma(n + 1) / math.log(10)
+
+
+def _layers(spec: Spec, label: str) -> list[str]:
+    """Layers whose outputs carry permutation ``label`` (rows of their weights)."""
+    out = []
+    for a in spec.actions:
+        if a.perm == label and a.axis == 0 and a.power > 0 and a.param in spec.weights:
+            layer = a.param.rsplit(".", 1)[0]
+            if layer not in out:
+                out.append(layer)
+    return out
+
+
+def count(spec: Spec) -> list[dict]:
+    """Per-label symmetry counts.
+
+    Args:
+        spec: the architecture's symmetries.
+
+    Returns:
+        One dict per permutation label, in forward order, with ``label``,
+        ``layers`` (the layers sharing it), ``channels``, ``groups``,
+        ``permutations`` (exact integer: within-group orders times group
+        swaps), ``log10_permutations``, ``untied_log10`` (log10 of the count
+        if every linear or convolutional layer of ``layers`` had its own free
+        permutation, i.e. without residual ties and groups) and ``scaling_dof`` (entries of the
+        scaling labels reordered by this label).
+    """
+    scale_dof: dict[str | None, int] = {}
+    for s, n in spec.scales.items():
+        perm = {a.perm for a in spec.actions if a.scale == s}
+        key = perm.pop() if len(perm) == 1 else None
+        scale_dof[key] = scale_dof.get(key, 0) + n
+    first_of_tie: set[str] = set()
+    for tie, labels in spec.tie_classes().items():
+        if tie is not None:
+            first_of_tie.add(next(x for x in spec.perms if x in labels))
+    rows = []
+    for label, n in spec.perms.items():
+        groups, _ = spec.blocks.get(label, (1, None))
+        within = math.factorial(n // groups) ** groups
+        swaps = math.factorial(groups) if label in first_of_tie else 1
+        layers = _layers(spec, label)
+        rows.append({
+            "label": label,
+            "layers": layers,
+            "channels": n,
+            "groups": groups,
+            "permutations": within * swaps,
+            "log10_permutations": groups * _log10_factorial(n // groups) + math.log10(swaps),
+            "untied_log10": sum(len(spec.shapes[f"{x}.weight"]) >= 2 for x in layers) * _log10_factorial(n),
+            "scaling_dof": scale_dof.get(label, 0),
+        })
+    if scale_dof.get(None):
+        rows.append({
+            "label": None, "layers": [], "channels": 0, "groups": 1, "permutations": 1,
+            "log10_permutations": 0.0, "untied_log10": 0.0, "scaling_dof": scale_dof[None],
+        })
+    return rows
+
+
+def totals(spec: Spec) -> dict:
+    """Whole-network counts: ``permutations`` (exact), ``log10_permutations``, ``scaling_dof``,
+    ``parameters`` (entries of the weights and biases acted on or not, buffers excluded)."""
+    rows = count(spec)
+    perms = math.prod(r["permutations"] for r in rows)
+    params = sum(
+        math.prod(shape) for name, shape in spec.shapes.items()
+        if not name.endswith(("running_mean", "running_var", "num_batches_tracked"))
+    )
+    return {
+        "permutations": perms,
+        "log10_permutations": sum(r["log10_permutations"] for r in rows),
+        "untied_log10": sum(r["untied_log10"] for r in rows),
+        "scaling_dof": sum(r["scaling_dof"] for r in rows),
+        "parameters": params,
+    }
+
+
+def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
+    """A book-ready ``pandas.DataFrame`` of :func:`count`, with a final ``total`` row.
+
+    Args:
+        model_or_spec: a :class:`~symlib.symmetry.spec.Spec`, or a model to trace with
+            :func:`symlib.symmetry.trace.spec_of` (then ``input_shape`` is required).
+        input_shape: shape of one input sample, for a model.
+        exact_below: show exact permutation counts below this size (larger
+            ones only as log10).
+    """
+    import pandas as pd
+
+    spec = model_or_spec
+    if isinstance(model_or_spec, torch.nn.Module):
+        if input_shape is None:
+            raise ValueError("table(model) needs input_shape, e.g. (3, 32, 32), to trace the model")
+        from symlib.symmetry.trace import spec_of
+
+        spec = spec_of(model_or_spec, input_shape)
+    rows = count(spec)
+    tot = totals(spec)
+    frame = pd.DataFrame(
+        [
+            {
+                "label": r["label"],
+                "layers": ", ".join(r["layers"]),
+                "channels": r["channels"],
+                "groups": r["groups"],
+                "permutations": r["permutations"] if r["permutations"] < exact_below else None,
+                "log10_permutations": round(r["log10_permutations"], 2),
+                "scaling_dof": r["scaling_dof"],
+            }
+            for r in rows
+        ]
+        + [{
+            "label": "total", "layers": "", "channels": sum(r["channels"] for r in rows), "groups": None,
+            "permutations": tot["permutations"] if tot["permutations"] < exact_below else None,
+            "log10_permutations": round(tot["log10_permutations"], 2), "scaling_dof": tot["scaling_dof"],
+        }]
+    )
+    frame["groups"] = frame["groups"].astype("Int64")
+    return frame
+
+
+def paper_models() -> dict[str, tuple[torch.nn.Module, tuple[int, ...]]]:
+    """The architectures of the paper with the shape of one input: name -> (model, input_shape)."""
+    from symlib import models
+
+    return {
+        "MLP 784-512-512-512-10": (models.MLP([784, 512, 512, 512, 10]), (784,)),
+        "OptuNet (MNIST)": (models.OptuNet(), (1, 28, 28)),
+        "ResNet-20 (CIFAR-10)": (models.ResNet20(num_classes=10), (3, 32, 32)),
+        "ResNet-18 (CIFAR-100)": (models.ResNet18(num_classes=100), (3, 32, 32)),
+    }
+
+
+def summary(named=None):
+    """One row per model: parameters, log10 of the permutation group's order (with and without the
+    residual ties and groups), scaling degrees of freedom. A ``pandas.DataFrame`` for the book.
+
+    Args:
+        named: ``name -> (model, input_shape)``; default :func:`paper_models`.
+    """
+    import pandas as pd
+
+    from symlib.symmetry.trace import spec_of
+
+    rows = []
+    for name, (model, shape) in (named or paper_models()).items():
+        tot = totals(spec_of(model, shape))
+        rows.append({
+            "model": name,
+            "parameters": tot["parameters"],
+            "log10_permutations": round(tot["log10_permutations"], 1),
+            "log10_permutations_untied": round(tot["untied_log10"], 1),
+            "scaling_dof": tot["scaling_dof"],
+        })
+    return pd.DataFrame(rows)

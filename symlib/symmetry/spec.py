@@ -1,0 +1,296 @@
+r"""Weight-space symmetries as data (book: chapter "A gentle example", paper §3.3-3.4, App. C).
+
+A :class:`Spec` says, for every parameter tensor of a network, which axis each
+symmetry acts on. One pure function (:func:`symlib.symmetry.ops.act`) then applies any
+group element, and the same spec drives canonical forms, min-mass and counting,
+so a new architecture is one spec, not five functions (the idea follows
+git-re-basin's ``PermutationSpec``).
+
+Two kinds of labels act on parameter axes:
+
+* a **permutation label** ``p`` of size ``n`` reorders an axis:
+  ``theta'[..., i, ...] = theta[..., perm[i], ...]``;
+* a **scaling label** ``s`` of size ``n`` multiplies an axis by a power of a
+  positive vector: ``theta'[..., i, ...] = lam[i] ** power * theta[..., i, ...]``.
+
+For a ReLU multilayer perceptron (paper Prop. 3.2, 3.4), hidden layer ``l`` has
+one permutation label and one scaling label, both acting on the rows of
+``W_l`` and on ``b_l`` (power +1) and on the columns of ``W_{l+1}`` (power -1):
+
+.. math:: W_l \leftarrow P_l\,\mathrm{diag}(\lambda_l)\,W_l\,\mathrm{diag}(\lambda_{l-1})^{-1}P_{l-1}^\top,
+          \qquad b_l \leftarrow P_l\,\mathrm{diag}(\lambda_l)\,b_l .
+
+Permutation and scaling labels are separate because they need not coincide:
+a BatchNorm layer is permuted with the channels before it but absorbs their
+scale and opens a scale of its own (paper App. D.4.3).
+
+Parameters may carry leading batch dimensions (a stack of many networks); every
+axis in a spec counts from the start of the parameter's own shape, recorded in
+``Spec.shapes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import torch
+
+from symlib.params import Params
+
+
+class SymmetryError(ValueError):
+    """A network or a parameter set that a symmetry operation cannot handle."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One label acting on one axis of one parameter.
+
+    Attributes:
+        param: parameter name, as in ``module.named_parameters()`` / ``state_dict()``.
+        axis: axis in the parameter's own shape (no batch dimensions).
+        perm: permutation label acting on this axis, or ``None``.
+        scale: scaling label acting on this axis, or ``None``.
+        power: exponent of the scale on this axis: +1 on the outgoing side of a
+            neuron (rows of its incoming weights, its bias), -1 on the incoming
+            side of the next layer, +2 for a BatchNorm running variance.
+        groups: ``G > 1`` when ``param`` is the weight ``(C_out, C_in/G, ...)``
+            of a grouped convolution and this action is its input-channel axis
+            (``axis == 1``): the label has size ``C_in = G * shape[axis]`` and
+            acts on the block-diagonal dense weight (see
+            :func:`symlib.symmetry.ops.dense_weight`); its permutations must respect the
+            groups (``Spec.blocks``).
+        offset: the scale acts on ``theta + offset`` rather than on ``theta``:
+            ``theta' = lam ** power * (theta + offset) - offset``. A BatchNorm
+            running variance uses ``offset = eps``, which makes the absorbed
+            scaling exact: ``var + eps`` scales by ``lam ** 2``.
+    """
+
+    param: str
+    axis: int
+    perm: str | None = None
+    scale: str | None = None
+    power: int = 0
+    groups: int = 1
+    offset: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The symmetries of one architecture.
+
+    Attributes:
+        shapes: shape of every parameter (buffers included) of one network.
+        perms: permutation labels, in forward order, with their sizes.
+        scales: scaling labels, in forward order, with their sizes.
+        actions: every (parameter, axis, label) action.
+        weights: parameters that are weights (they count in the mass and in the
+            keys used to sort and normalise neurons); biases and buffers do not.
+            A BatchNorm ``weight`` (gamma) is a weight: it carries the scale that
+            the BatchNorm opens (power +1), so it is that scale's only
+            "incoming weight". The scale of a convolution followed by a
+            BatchNorm has no outgoing weights (the running statistics, which
+            are buffers, absorb it).
+        output_bias: the last layer's bias, carrier of the softmax additive
+            symmetry (paper App. C.1.3), or ``None``.
+        no_scaling: why a hidden layer has no scaling symmetry (e.g. a tanh
+            activation), keyed by layer; scaling code refuses such networks.
+        forward: ``forward(theta, x)`` evaluates one network (no batch dims),
+            used by the functional check; ``None`` for a spec without a model.
+        input_shape: shape of one input sample, for the functional check.
+        blocks: permutation labels whose permutations must respect a block
+            structure, ``label -> (G, tie)``: the ``n`` entries form ``G``
+            consecutive blocks of ``n / G``; a valid permutation maps block
+            ``g`` onto block ``sigma(g)`` (any order inside), and every label
+            with the same ``tie`` uses the same block permutation ``sigma``.
+            ``tie`` is ``None`` when ``sigma`` must be the identity (the
+            blocks reach the network's output). Grouped convolutions create
+            such labels (paper App. D.4.2).
+    """
+
+    shapes: Mapping[str, tuple[int, ...]]
+    perms: Mapping[str, int]
+    scales: Mapping[str, int]
+    actions: tuple[Action, ...]
+    weights: frozenset[str]
+    output_bias: str | None = None
+    no_scaling: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    forward: Callable[[Params, torch.Tensor], torch.Tensor] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    input_shape: tuple[int, ...] | None = None
+    blocks: Mapping[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for a in self.actions:
+            if a.param not in self.shapes:
+                raise SymmetryError(f"action on unknown parameter {a.param!r}")
+            shape = self.shapes[a.param]
+            if not 0 <= a.axis < len(shape):
+                raise SymmetryError(f"axis {a.axis} out of range for {a.param!r} of shape {shape}")
+            if a.groups != 1 and (a.axis != 1 or a.groups < 1 or shape[0] % a.groups):
+                raise SymmetryError(
+                    f"grouped action on {a.param!r} must be on axis 1 of a weight whose {shape[0]} "
+                    f"output channels split into {a.groups} groups"
+                )
+            for label, sizes in ((a.perm, self.perms), (a.scale, self.scales)):
+                if label is not None and sizes.get(label) != shape[a.axis] * a.groups:
+                    raise SymmetryError(
+                        f"label {label!r} of size {sizes.get(label)} acts on axis {a.axis} "
+                        f"of {a.param!r}, which has size {shape[a.axis]}"
+                        + (f" x {a.groups} groups" if a.groups != 1 else "")
+                    )
+        for label, (g, _) in self.blocks.items():
+            if label not in self.perms or g < 1 or self.perms[label] % g:
+                raise SymmetryError(
+                    f"blocks of {label!r}: {g} groups do not divide a permutation label of this spec"
+                )
+
+    # ----------------------------------------------------------------- queries
+    def batch_shape(self, theta: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
+        """Leading batch dimensions of ``theta`` (a stack of networks), checked."""
+        missing = [k for k in self.shapes if k not in theta]
+        if missing:
+            raise SymmetryError(
+                f"parameters missing from theta: {missing[:5]}; pass the full state_dict of the "
+                "architecture this spec was built for"
+            )
+        batch = None
+        for name, shape in self.shapes.items():
+            t = theta[name]
+            if tuple(t.shape[t.ndim - len(shape):]) != tuple(shape) or t.ndim < len(shape):
+                raise SymmetryError(
+                    f"parameter {name!r} has shape {tuple(t.shape)}, expected (*batch, {shape}): "
+                    "is this checkpoint from another architecture?"
+                )
+            b = tuple(t.shape[: t.ndim - len(shape)])
+            if batch is None:
+                batch = b
+            elif b != batch:
+                raise SymmetryError(f"parameter {name!r} has batch shape {b}, others {batch}")
+        return batch or ()
+
+    def incoming(self, label: str, kind: str = "scale") -> list[Action]:
+        """Weight actions on the outgoing side (power > 0) of ``label``: the neurons' incoming weights."""
+        key = "scale" if kind == "scale" else "perm"
+        return [
+            a for a in self.actions
+            if getattr(a, key) == label and a.param in self.weights and a.power > 0
+        ]
+
+    def outgoing(self, label: str, kind: str = "scale") -> list[Action]:
+        """Weight actions on the incoming side (power < 0) of ``label``: the neurons' outgoing weights."""
+        key = "scale" if kind == "scale" else "perm"
+        return [
+            a for a in self.actions
+            if getattr(a, key) == label and a.param in self.weights and a.power < 0
+        ]
+
+    def perm_of_scale(self, scale: str) -> str | None:
+        """The permutation label that reorders the entries of scaling label ``scale``."""
+        perms = {a.perm for a in self.actions if a.scale == scale}
+        if len(perms) != 1:
+            raise SymmetryError(f"scaling label {scale!r} is permuted by {perms}, expected one label")
+        return perms.pop()
+
+    def require_scaling(self) -> None:
+        """Raise a clear error when some hidden layer has no scaling symmetry."""
+        if self.no_scaling:
+            layer, why = next(iter(self.no_scaling.items()))
+            raise SymmetryError(
+                f"scaling symmetries need positively homogeneous activations (ReLU, LeakyReLU, "
+                f"max/avg pooling), but layer {layer!r} {why}. Permutations still apply; "
+                "for scalings use a ReLU network."
+            )
+
+    def groups_of(self, param: str) -> int:
+        """Number of groups of a grouped convolution weight ``param`` (1 for any other parameter)."""
+        return max((a.groups for a in self.actions if a.param == param), default=1)
+
+    def tie_classes(self) -> dict[str | None, list[str]]:
+        """Labels of ``blocks`` that share one block permutation, keyed by their tie."""
+        out: dict[str | None, list[str]] = {}
+        for label, (_, tie) in self.blocks.items():
+            out.setdefault(tie, []).append(label)
+        return out
+
+    def with_forward(self, forward, input_shape) -> Spec:
+        return dataclasses.replace(self, forward=forward, input_shape=tuple(input_shape))
+
+
+# --------------------------------------------------------------------------- MLPs
+_HOMOGENEOUS = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.Identity)
+
+
+def mlp_spec(model: torch.nn.Sequential) -> Spec:
+    """Spec of an ``nn.Sequential`` of ``Linear`` layers and element-wise activations.
+
+    Hidden layer ``l`` (the output of the ``l``-th Linear, 0-based) gets labels
+    ``"h{l}"`` for both its permutation and its scaling. Any element-wise
+    activation keeps the permutation symmetry; only positively homogeneous ones
+    (ReLU, LeakyReLU, identity) keep the scaling symmetry.
+
+    Args:
+        model: the network, e.g. :class:`symlib.models.MLP`.
+
+    Returns:
+        The spec, with ``forward`` set to evaluate the model functionally.
+    """
+    if not isinstance(model, torch.nn.Sequential):
+        raise SymmetryError(
+            f"mlp_spec takes an nn.Sequential of Linear layers and activations, got "
+            f"{type(model).__name__}; for other architectures use symlib.symmetry.trace.spec_of"
+        )
+    linears: list[str] = []
+    acts: dict[int, torch.nn.Module] = {}
+    for name, mod in model.named_children():
+        if isinstance(mod, torch.nn.Linear):
+            linears.append(name)
+        elif linears and not isinstance(mod, (torch.nn.Dropout, torch.nn.Flatten)):
+            if len(linears) in acts:
+                raise SymmetryError(f"two activations in a row after layer {linears[-1]!r}")
+            acts[len(linears)] = (name, mod)
+    if len(linears) < 2:
+        raise SymmetryError("an MLP needs at least two Linear layers to have hidden neurons")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    perms, scales, actions, no_scaling = {}, {}, [], {}
+    for l, name in enumerate(linears[:-1]):
+        label = f"h{l}"
+        n = shapes[f"{name}.weight"][0]
+        act_name, act = acts.get(l + 1, (None, torch.nn.Identity()))
+        perms[label] = n
+        homogeneous = isinstance(act, _HOMOGENEOUS)
+        if homogeneous:
+            scales[label] = n
+        else:
+            no_scaling[act_name] = f"uses {type(act).__name__}, which is not positively homogeneous"
+        s = label if homogeneous else None
+        nxt = linears[l + 1]
+        actions.append(Action(f"{name}.weight", 0, label, s, 1))
+        if f"{name}.bias" in shapes:
+            actions.append(Action(f"{name}.bias", 0, label, s, 1))
+        actions.append(Action(f"{nxt}.weight", 1, label, s, -1))
+    weights = frozenset(f"{n}.weight" for n in linears)
+    last_bias = f"{linears[-1]}.bias"
+    spec = Spec(
+        shapes=shapes,
+        perms=perms,
+        scales=scales,
+        actions=tuple(actions),
+        weights=weights,
+        output_bias=last_bias if last_bias in shapes else None,
+        no_scaling=no_scaling,
+    )
+    in_features = shapes[f"{linears[0]}.weight"][1]
+    return spec.with_forward(functional_forward(model), (in_features,))
+
+
+def functional_forward(model: torch.nn.Module) -> Callable[[Params, torch.Tensor], torch.Tensor]:
+    """``forward(theta, x)`` evaluating ``model`` with parameters and buffers from ``theta``."""
+    model = model.eval()
+
+    def forward(theta: Params, x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, theta, (x,))
+
+    return forward

@@ -1,0 +1,176 @@
+"""Posterior sample sets on disk: the zoo format round trip, resuming, runs that do not recompute, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import symlib
+from symlib import cli, store, zoo
+from symlib import params as params_mod
+from symlib.posteriors import SampleSet, io, sampling, seeds
+
+
+def _set(n_modes=2, n_per_mode=3, seed=0, dtype=torch.float64) -> SampleSet:
+    g = torch.Generator().manual_seed(seed)
+    s = n_modes * n_per_mode
+    shapes = {
+        "conv1.weight": (2, 1, 4, 4),
+        "conv2.weight": (10, 1, 5, 5),
+        "fc.weight": (10, 10),
+        "fc.bias": (10,),
+    }
+    params = {k: torch.randn(s, *v, generator=g, dtype=dtype) for k, v in shapes.items()}
+    return SampleSet(
+        params,
+        "swag",
+        n_modes,
+        n_per_mode,
+        hyper={"scale": 0.1, "milestones": (1, 2)},
+        base_seeds=[7, 8][:n_modes],
+        diagnostics={"loss": [1.0, 2.0]},
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return sampling.setup_for("mnist-optunet", "tiny")
+
+
+def test_round_trip_through_symlib_load(tmp_path, tiny):
+    """save -> io.load and symlib.load give back the same tensors (bit for bit, float64), mode-major, with a
+    manifest recording method, hyper-parameters, base seeds, sizes and diagnostics."""
+    a = _set()
+    man = io.save(a, tmp_path / "p", setup=tiny, seed=3, base={"zoo_path": "somewhere"})
+    assert man["complete"] and man["kind"] == "posterior" and man["format"] == zoo.FORMAT
+    assert len(man["chunks"]) == 2 and man["chunk"] == 3  # one mode per file by default
+    b = io.load(tmp_path / "p")
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    assert (b.method, b.n_modes, b.n_per_mode, b.base_seeds) == ("swag", 2, 3, [7, 8])
+    assert b.hyper == {"scale": 0.1, "milestones": [1, 2]} and b.diagnostics == {"loss": [1.0, 2.0]}
+    params, zman = symlib.load(tmp_path / "p")
+    assert all(torch.equal(a.params[k], params[k]) for k in a.params)
+    assert zman["method"] == "swag" and zman["base"]["zoo_path"] == "somewhere" and zman["seed"] == 3
+    assert zman["setup"]["prior_precision"] == pytest.approx(tiny.prior_precision)
+    models, _ = symlib.load(tmp_path / "p", as_="models")
+    x = torch.randn(2, 1, 28, 28, dtype=torch.float64)
+    ref = torch.func.functional_call(models[4], params_mod.unstack(a.params, 4), (x,))
+    assert len(models) == 6 and torch.equal(models[4].double()(x), ref)
+    assert "swag" in symlib.info(tmp_path / "p") and "2 modes x 3 samples" in io.info(tmp_path / "p")
+
+
+def test_resume_rewrites_only_missing_or_damaged_chunks(tmp_path, monkeypatch):
+    a = _set(n_modes=3, n_per_mode=2)
+    io.save(a, tmp_path, chunk=2)
+    raw = bytearray((tmp_path / "chunk-00002.safetensors").read_bytes())
+    raw[-5] ^= 0xFF  # a flipped bit in the weights: the sha256 check catches it
+    (tmp_path / "chunk-00002.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(zoo.ZooError, match="sha256"):
+        io.load(tmp_path)
+    (tmp_path / "chunk-00001.safetensors").unlink()  # an interrupted run, or a lost file
+    with pytest.raises(zoo.ZooError, match="chunk-00001.*missing"):
+        io.load(tmp_path)
+    written = []
+    real = store.atomic_save
+    monkeypatch.setattr(store, "atomic_save", lambda t, p, m: (written.append(p.name), real(t, p, m)))
+    io.save(a, tmp_path, chunk=2)
+    assert written == ["chunk-00001.safetensors", "chunk-00002.safetensors"]
+    b = io.load(tmp_path)
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+
+
+def test_interrupted_write_then_incomplete_then_resumed(tmp_path, monkeypatch):
+    a = _set()
+    real = store.atomic_save
+
+    def killed_after_first(t, p, m):
+        if p.name != "chunk-00000.safetensors":
+            raise KeyboardInterrupt
+        real(t, p, m)
+
+    monkeypatch.setattr(store, "atomic_save", killed_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        io.save(a, tmp_path)
+    monkeypatch.setattr(store, "atomic_save", real)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert not man["complete"] and [c["chunk"] for c in man["chunks"]] == [0]
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic: no partial file left behind
+    with pytest.raises(zoo.ZooError, match="incomplete"):
+        symlib.load(tmp_path)
+    io.save(a, tmp_path)
+    assert all(torch.equal(a.params[k], v) for k, v in symlib.load(tmp_path)[0].items())
+
+
+def test_folder_conflicts_and_bad_sets(tmp_path):
+    io.save(_set(), tmp_path / "p")
+    with pytest.raises(zoo.ZooError, match="another sample set"):
+        io.save(_set(seed=1, n_per_mode=2), tmp_path / "p")
+    with pytest.raises(zoo.ZooError, match="no posterior sample set manifest"):
+        io.load(tmp_path / "nothing")
+    bad = _set()
+    bad.params["fc.bias"][0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        io.save(bad, tmp_path / "q")
+    with pytest.raises(ValueError, match="n_modes \\* n_per_mode"):
+        SampleSet({"w": torch.zeros(5, 2)}, "swag", 2, 3)
+
+
+def test_run_resumes_and_never_recomputes(tmp_path, tiny, monkeypatch):
+    """run(): base models land in the zoo cache (a second method reuses them: no retraining), the set is
+    written, a finished set is loaded instead of recomputed, and a set with a lost chunk is finished by
+    rewriting that chunk with the same values."""
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path / "cache"))
+    kw = dict(progress=False, epochs=1, n_snapshots=4, rank=4)
+    a = sampling.run("swag", tiny, 2, 2, 0, tmp_path / "swag", **kw)
+    base_dir = next((tmp_path / "cache").iterdir())
+    assert symlib.load(base_dir)[1]["seeds"] == seeds.base_seeds(2, 0)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("recomputed")
+
+    monkeypatch.setattr(zoo, "train", boom)  # the base models must come from the cache from now on
+    from symlib.posteriors import swag
+
+    real_sample = swag.sample
+    monkeypatch.setattr(swag, "sample", boom)
+    b = sampling.run("swag", tiny, 2, 2, 0, tmp_path / "swag", **kw)  # finished: loaded
+    assert all(torch.equal(a.params[k], b.params[k]) for k in a.params)
+    monkeypatch.setattr(swag, "sample", real_sample)
+    (tmp_path / "swag" / "chunk-00001.safetensors").unlink()
+    c = sampling.run("swag", tiny, 2, 2, 0, tmp_path / "swag", **kw)  # deterministic recompute
+    assert all(torch.equal(a.params[k], c.params[k]) for k in a.params)
+    assert all(torch.equal(a.params[k], v) for k, v in symlib.load(tmp_path / "swag")[0].items())
+    d = sampling.run("sghmc", tiny, 2, 1, 0, tmp_path / "sghmc", progress=False, burn_in=0)  # same base
+    assert d.base_seeds == seeds.base_seeds(2, 0) and d.n_samples == 2
+    with pytest.raises(ValueError, match="unknown posterior method"):
+        sampling.run("mcmc", tiny, 1, 1)
+
+
+def test_seed_ranges_are_disjoint_from_the_zoo():
+    zoo_seeds = set(zoo.preset("mnist-optunet", "paper").seeds)
+    assert not zoo_seeds & set(seeds.base_seeds(100, 0)) and not zoo_seeds & set(
+        seeds.base_seeds(10, 5)
+    )
+    assert seeds.base_seeds(10, 0) == seeds.base_seeds(100, 0)[:10]  # multi-mode bases = DE members
+    assert min(seeds.stream_seeds(50, 0, "swag")) >= 2**40
+    assert seeds.stream_seeds(3, 0, "swag") != seeds.stream_seeds(3, 0, "sghmc")
+
+
+def test_cli_posterior_sample_and_info(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path / "cache"))
+    argv = ["posterior", "sample", "--method", "dropout", "--preset", "mnist-optunet", "--scale", "tiny"]
+    out = str(tmp_path / "d")
+    assert cli.main([*argv, "--modes", "2", "--samples", "4", "--out", out, "--no-progress"]) == 0
+    assert "2 modes x 2 samples" in capsys.readouterr().out
+    assert cli.main(["posterior", "info", out, "--check"]) == 0
+    assert "dropout on mnist-optunet" in capsys.readouterr().out
+    assert cli.main([*argv, "--modes", "3", "--samples", "4", "--out", out]) == 2
+    assert "multiple of --modes" in capsys.readouterr().err
+    assert cli.main([*argv, "--samples", "2", "--out", out, "--hyper", "p=1.5"]) == 2
+    assert "(0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["posterior", "sample", "--help"])
+    assert e.value.code == 0 and "TOTAL number of samples" in capsys.readouterr().out
+    assert store.FORMAT == zoo.FORMAT
