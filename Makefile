@@ -10,6 +10,9 @@ SCALE  ?= cpu
 DEVICE ?= cpu
 CHAPTERS ?= $(basename $(notdir $(wildcard notebooks/*.md)))
 BUILD  := build
+# teacher: solutions as toggles (build/_build/html); student: every solution removed (build/student/_build/html)
+EDITION ?= teacher
+HTML_OUT := $(if $(filter student,$(EDITION)),$(BUILD)/student,$(BUILD))
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 
 # Caches stay inside the build folder, so runs leave nothing behind.
@@ -20,12 +23,15 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(BUILD)/cache/jupyter-data
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
-.PHONY: help env data book chapters html test unit nbval lint bench clean
+.PHONY: help env data zoo book chapters html test unit nbval lint bench clean lab
 help:
-	@echo "make book   - environment + run every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
-	@echo "make test   - environment + unit/property tests + nbval over book/*.ipynb"
+	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
+	@echo "make test   - environment + unit/property tests + shared zoo + nbval over book/*.ipynb"
+	@echo "make zoo    - train (or check) the zoo and Table 1's sample sets the chapters share (SYMLIB_CACHE)"
 	@echo "make bench  - run every benchmark under benchmarks/"
 	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only"
+	@echo "make html [EDITION=student] - HTML only, from the committed chapters (student: no solutions)"
+	@echo "make lab    - JupyterLab on notebooks/: the chapters open as notebooks through jupytext"
 
 env: $(VENV)/.installed data
 
@@ -48,7 +54,13 @@ data:
 	  echo "warning: no root/apt: install Debian's dataset-fashion-mnist for the FashionMNIST chapters"
 	fi
 
-book: env chapters html
+# The zoo the chapters share (1,000 OptuNets: min-mass, collapse, alignment, Table 1) and Table 1's sample
+# sets, trained as a step of their own with progress bars, so that no chapter cell (and no nbval cell,
+# with its per-cell time-out) carries minutes of training. A complete cache is only checked (seconds).
+zoo: $(VENV)/.installed
+	$(PY) -m symlib.paper.caches --scale $(SCALE) --device $(DEVICE)
+
+book: env zoo chapters html
 
 chapters: $(VENV)/.installed
 	mkdir -p $(BUILD)/nb book $(MPLCONFIGDIR) $(IPYTHONDIR)
@@ -68,10 +80,11 @@ html: $(VENV)/.installed
 	src=$$($(PY) -c "import mathjax, pathlib; print(pathlib.Path(mathjax.__file__).parent / 'static/mathjax/es5')")
 	rm -rf $(MATHJAX); mkdir -p $(MATHJAX)
 	cp -r $$src/tex-mml-chtml.js $$src/a11y $$src/adaptors $$src/input $$src/output $$src/sre $$src/ui $(MATHJAX)/
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(BUILD)
-	echo "The book is at file://$(CURDIR)/$(BUILD)/_build/html/index.html"
+	case "$(EDITION)" in teacher|student) ;; *) echo "EDITION=$(EDITION): expected teacher or student" >&2; exit 2;; esac
+	BOOK_EDITION=$(EDITION) $(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(HTML_OUT)
+	echo "The $(EDITION) edition of the book is at file://$(CURDIR)/$(HTML_OUT)/_build/html/index.html"
 
-test: env unit nbval
+test: env unit zoo nbval
 
 unit: $(VENV)/.installed
 	$(VENV)/bin/ruff check symlib tests benchmarks
@@ -85,6 +98,16 @@ nbval: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check symlib tests benchmarks
+
+# The course: JupyterLab on the chapter sources, where a double click opens a chapter's .md as a notebook
+# (jupytext); its settings stay in the build folder.
+LAB_SETTINGS := $(CURDIR)/$(BUILD)/cache/lab/user-settings
+lab: env
+	mkdir -p $(LAB_SETTINGS)/@jupyterlab/docmanager-extension
+	echo '{"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}}' \
+	  > $(LAB_SETTINGS)/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings
+	JUPYTERLAB_SETTINGS_DIR=$(LAB_SETTINGS) JUPYTERLAB_WORKSPACES_DIR=$(CURDIR)/$(BUILD)/cache/lab/workspaces \
+	  $(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR)/notebooks
 
 bench: $(VENV)/.installed
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done

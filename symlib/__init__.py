@@ -6,13 +6,19 @@ Exploration of Bayesian Neural Network Posteriors* (ICLR 2024).
 ``import symlib`` gives the nouns a researcher needs on their own networks::
 
     import symlib
-    spec = symlib.spec_of(model, (3, 32, 32))          # the symmetries, traced
-    g = symlib.random_element(spec)                     # a random permutation + positive scaling
-    same = symlib.act(g, theta, spec)                   # other weights, same function
-    canon = symlib.canonicalize(same, spec)             # one representative per orbit
-    light = symlib.symmetry.minmass(theta, spec).theta           # the lightest network of the scaling orbit
-    res = symlib.stats.mmd(set_a, set_b, spec=spec, symmetries="ns", n_permutations=1000)
-    params, manifest = symlib.load("zoos/optunet")      # a zoo or a posterior sample set
+    spec = symlib.spec_of(model, (3, 32, 32))                   # the symmetries, traced
+    table = symlib.count(spec)                                  # how many, layer by layer
+    g = symlib.random_element(spec)                             # a random permutation + positive scaling
+    same = symlib.act(g, theta, spec)                           # other weights, same function
+    symlib.assert_same_function(spec, theta, same)              # ... checked on random inputs
+    canon = symlib.canonicalize(same, spec)                     # one representative per orbit
+    light = symlib.minmass(theta, spec).theta                   # the lightest network of the scaling orbit
+    folded = symlib.fold_batchnorm(theta, model, (3, 32, 32))   # (with BatchNorm: fold it first,
+    light = symlib.minmass(folded.theta, folded.spec).theta     #  then min-mass on the folded network)
+    res = symlib.mmd(set_a, set_b, spec=spec, symmetries="ns", n_permutations=1000)
+    moved = symlib.align(theta_a, theta_b, spec).mean           # theta_b permuted to match theta_a
+    params, manifest = symlib.load("zoos/optunet")              # a zoo, a sample set, hf://owner/name
+    print(symlib.compare("zoos/a", "zoos/b").format())          # the paper's MMD of two folders, per layer
 
 Everything else is reached through its subpackage, loaded on first access (the layers, lowest first;
 nothing imports a layer above it):
@@ -26,8 +32,8 @@ nothing imports a layer above it):
 * :mod:`symlib.stats`: MMD, uncertainty metrics, pairwise mutual information, predictions, MCMC
   diagnostics;
 * :mod:`symlib.posteriors`: posterior approximations as checkpoint sets;
-* :mod:`symlib.checkpoints` (:func:`load`, :func:`info`), :mod:`symlib.paper` (what only the book's
-  chapters use) and :mod:`symlib.cli` (the ``symlib`` command).
+* :mod:`symlib.checkpoints` (:func:`load`, :func:`info`), :mod:`symlib.comparison` (:func:`compare`),
+  :mod:`symlib.paper` (what only the book's chapters use) and :mod:`symlib.cli` (the ``symlib`` command).
 """
 
 import importlib
@@ -47,14 +53,16 @@ _NOUNS = {
     "canonicalize": ("symlib.symmetry.canonical", "canonicalize"),
     "count": ("symlib.symmetry.counting", "table"),
     "minmass": ("symlib.symmetry.minmass", "minmass"),
+    "fold_batchnorm": ("symlib.symmetry.minmass", "fold_batchnorm"),
     "align": ("symlib.symmetry.align", "align"),
     "mmd": ("symlib.stats.mmd", "two_sample"),
     "load": ("symlib.checkpoints", "load"),
     "info": ("symlib.checkpoints", "info"),
+    "compare": ("symlib.comparison", "compare"),
 }
 _SUBPACKAGES = (
-    "checkpoints", "cli", "data", "kernels", "models", "paper", "params", "plotting", "posteriors",
-    "progress", "scales", "stats", "store", "symmetry", "training", "zoo",
+    "checkpoints", "cli", "comparison", "data", "kernels", "models", "paper", "params", "plotting",
+    "posteriors", "progress", "scales", "stats", "store", "symmetry", "training", "zoo",
 )
 __all__ = [*_NOUNS, *_SUBPACKAGES, "__version__"]
 

@@ -28,11 +28,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+__all__ = ["MLP", "BasicBlock", "OptuNet", "ResNet18", "ResNet20", "num_parameters", "randomize_batchnorm"]
+
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "leaky_relu": nn.LeakyReLU, "gelu": nn.GELU}
 
 
 class MLP(nn.Sequential):
-    """Multilayer perceptron ``widths[0] -> ... -> widths[-1]`` with one activation between layers.
+    """Multilayer perceptron with layer widths ``widths`` (``widths[0]`` inputs, ``widths[-1]`` outputs)
+    and one activation between layers.
 
     Args:
         widths: layer widths, input first, output last (at least two).

@@ -17,7 +17,7 @@ import torch
 Params = dict[str, torch.Tensor]
 """Named tensors of one network (``state_dict`` names) or of a stack of networks (a leading axis)."""
 
-__all__ = ["Params", "flatten", "n_stacked", "stack", "state_of", "unflatten", "unstack"]
+__all__ = ["Params", "cast", "flatten", "n_stacked", "stack", "state_of", "unflatten", "unstack"]
 
 
 def stack(states: Sequence[Mapping[str, torch.Tensor]]) -> Params:
@@ -46,6 +46,32 @@ def n_stacked(params: Mapping[str, torch.Tensor]) -> int:
 def state_of(model: torch.nn.Module) -> Params:
     """A detached copy of ``model.state_dict()`` (parameters and buffers)."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def cast(
+    params: Mapping[str, torch.Tensor],
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> Params:
+    """Every floating tensor of ``params`` in ``dtype`` and every tensor on ``device`` (book: "symlib on
+    your own network").
+
+    Integer buffers such as BatchNorm's ``num_batches_tracked`` keep their dtype. ``cast(theta,
+    torch.float64)`` is the copy on which a symmetry holds to double-precision rounding (about 1e-15,
+    where float32 gives about 1e-7).
+
+    Args:
+        params: one network or a stack.
+        dtype: floating dtype of the result (``None``: unchanged).
+        device: device of the result (``None``: unchanged).
+
+    Returns:
+        A new dict; tensors already in that dtype and on that device are the same objects, not copies.
+    """
+    out = {}
+    for k, v in params.items():
+        out[k] = v.to(device=device, dtype=dtype if v.is_floating_point() else None)
+    return out
 
 
 def flatten(params: Mapping[str, torch.Tensor], names: Sequence[str] | None = None) -> torch.Tensor:

@@ -6,6 +6,8 @@ import os
 
 from tqdm import tqdm
 
+__all__ = ["bar"]
+
 
 def bar(total: int | None = None, desc: str | None = None, enabled: bool = True, **kwargs) -> tqdm:
     """A tqdm bar, off when ``enabled`` is false or the environment sets ``TQDM_DISABLE=1``."""

@@ -1,4 +1,4 @@
-"""Run scales and chapter parameters (book: "How to read and rerun this book").
+"""Run scales and chapter parameters (book: "Rerunning the book").
 
 Every chapter and every long job takes ``scale``:
 
@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 
 import torch
 
+__all__ = ["SCALES", "check_device", "check_int", "check_scale", "pick"]
+
 SCALES = ("tiny", "cpu", "paper")
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 def check_scale(scale: Any) -> str:
@@ -30,7 +32,7 @@ def check_scale(scale: Any) -> str:
     return scale
 
 
-def pick(scale: str, **by_scale: T) -> T:
+def pick(scale: str, **by_scale: _T) -> _T:
     """The value for ``scale`` among keyword arguments ``tiny=..., cpu=..., paper=...``."""
     check_scale(scale)
     missing = [s for s in SCALES if s not in by_scale]

@@ -44,10 +44,13 @@ __all__ = [
     "FORMAT",
     "KINDS",
     "MANIFEST",
+    "DamagedError",
     "StoreError",
     "atomic_save",
     "atomic_write_bytes",
     "check_tensors",
+    "check_owners",
+    "check_out",
     "chunk_name",
     "git_commit",
     "jsonable",
@@ -65,6 +68,12 @@ class StoreError(ValueError):
     """A checkpoint folder or file that is missing, corrupt, incomplete or not what was asked for.
 
     ``symlib.zoo.ZooError`` is this class (zoos and sample sets share the format)."""
+
+
+class DamagedError(StoreError):
+    """A file of a checkpoint set that is missing, unreadable or fails its checksum (a damaged disk, an
+    interrupted copy): writing it again from the same computation repairs it. A file that is intact but
+    belongs to another set is a plain :class:`StoreError`: it is never overwritten."""
 
 
 def chunk_name(c: int) -> str:
@@ -122,12 +131,13 @@ def _parse_manifest(file: Path) -> dict[str, Any]:
     try:
         man = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise StoreError(
+        raise DamagedError(
             f"{file}: corrupt manifest ({e}); the chunk files beside it may still be valid: restore the "
-            f"manifest or rerun the command that wrote this folder with the same arguments"
+            f"manifest, or rerun the command that wrote this folder with the same arguments (`symlib zoo "
+            f"train ... --repair` for a zoo): it checks every chunk, keeps the valid ones and rewrites it"
         ) from None
     if not isinstance(man, dict):
-        raise StoreError(f"{file}: corrupt manifest (not a JSON object)")
+        raise DamagedError(f"{file}: corrupt manifest (not a JSON object); restore it or rewrite it as above")
     return man
 
 
@@ -191,13 +201,13 @@ def read_chunk(
     """
     path = Path(path)
     if not path.is_file():
-        raise StoreError(f"{path}: missing; {fix}")
+        raise DamagedError(f"{path}: missing; {fix}")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises several types for damaged files
-        raise StoreError(f"{path}: cannot read this file ({type(e).__name__}: {e}); {fix}") from None
+        raise DamagedError(f"{path}: cannot read this file ({type(e).__name__}: {e}); {fix}") from None
     if meta.get("format") != FORMAT:
         raise StoreError(f"{path}: not a {FORMAT} chunk (metadata {sorted(meta)})")
     for key, value in expect.items():
@@ -206,11 +216,81 @@ def read_chunk(
                 f"{path}: belongs to {key} {meta.get(key)}, not {value}; do not mix sets in one folder"
             )
     if meta.get("sha256") != tensor_digest(tensors):
-        raise StoreError(
+        raise DamagedError(
             f"{path}: its weights do not match the sha256 recorded when it was written, so the file is "
             f"corrupt (a damaged disk or an interrupted copy); {fix}"
         )
     return tensors, meta
+
+
+def check_out(folder: str | os.PathLike, kind: str) -> tuple[dict[str, Any] | None, bool]:
+    """Check, before any work, that ``folder`` can receive a checkpoint set of ``kind``.
+
+    Refused, naming the problem and the fix (:class:`StoreError`): a path that is a file or lies under a
+    file, a folder (or, if it does not exist yet, its nearest existing parent) that is not writable, and a
+    manifest of another format or kind. Nothing is created or changed.
+
+    Args:
+        folder: the output folder (``--out``).
+        kind: ``"zoo"`` or ``"posterior"``.
+
+    Returns:
+        ``(manifest, damaged)``: the folder's manifest (``None`` if there is none or it is damaged) and
+        whether a damaged (unparsable) manifest is there. The caller compares the manifest's identity
+        with its own (a zoo's ``config_hash``, a sample set's ``set_hash``) and checks the chunks on disk
+        with :func:`check_owners`.
+    """
+    folder = Path(folder)
+    what = {"zoo": "zoo", "posterior": "posterior sample set"}[kind]
+    if folder.exists() and not folder.is_dir():
+        raise StoreError(f"{folder}: is a file, not a folder; choose another --out (a new or empty folder)")
+    parent = folder
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise StoreError(
+            f"{folder}: lies under {parent}, which is a file, not a folder; choose another --out"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        where = "this folder" if parent == folder else f"its parent {parent}"
+        raise StoreError(
+            f"{folder}: {where} is not writable (read-only or no permission), so the {what} could not be "
+            f"saved; choose a writable --out or make {parent} writable"
+        )
+    if not (folder / MANIFEST).exists():
+        return None, False
+    try:
+        man = read_manifest(folder)
+    except DamagedError:
+        return None, True
+    except StoreError as e:
+        raise StoreError(f"{e}; choose another --out") from None
+    have = man.get("kind", "zoo")
+    if have != kind:
+        held = {"zoo": "a zoo", "posterior": "a posterior sample set"}.get(have, repr(have))
+        raise StoreError(
+            f"{folder / MANIFEST}: this folder holds {held}, not a {what}; choose another --out (a zoo and "
+            f"a sample set cannot share a folder)"
+        )
+    return man, False
+
+
+def check_owners(folder: str | os.PathLike, key: str, value: str, what: str) -> None:
+    """Refuse a folder whose chunk files belong to another set (their metadata ``key`` differs from
+    ``value``; headers only, so cheap), before any work: writing this set there would overwrite them.
+    Unreadable chunks are left to the full check (:func:`read_chunk`)."""
+    for file in sorted(Path(folder).glob("chunk-*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                meta = f.metadata() or {}
+        except Exception:  # damaged: read_chunk names it
+            continue
+        if meta.get(key) != value:
+            other = f"{key} {meta[key]}" if key in meta else f"no {key}: a {meta.get('kind', 'zoo')} chunk"
+            raise StoreError(
+                f"{file}: belongs to another {what} ({other}, not {value}); choose another --out "
+                f"(nothing was written)"
+            )
 
 
 def check_tensors(

@@ -133,3 +133,30 @@ def optunet_reference(theta: Params, x: torch.Tensor, y: torch.Tensor, mask: tor
     loss = torch.stack(ref)
     grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
     return loss.detach(), dict(zip(leaves, grads, strict=True))
+
+
+# ----------------------------------------------------------------------------- bad output folders
+def snapshot(root) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (empty if ``root`` is missing or a file's parent), to
+    assert that a refused command lost or changed nothing on disk."""
+    from pathlib import Path
+
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def readonly_folder(tmp_path):
+    """A folder that cannot be written to: a ``chmod 555`` folder, or, for root (whom permissions do not
+    stop), ``/proc/sys``, which the kernel keeps read-only; ``None`` where neither exists."""
+    import os
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        ro = tmp_path / "readonly"
+        ro.mkdir()
+        ro.chmod(0o555)
+        return ro
+    proc = Path("/proc/sys")
+    return proc if proc.is_dir() and not os.access(proc, os.W_OK) else None

@@ -25,8 +25,9 @@ RANK = {
     "zoo": 3, "stats": 3,
     "posteriors": 4,
     "checkpoints": 5, "paper": 5,
-    "cli": 6,
-    "__main__": 7,
+    "comparison": 6,
+    "cli": 7,
+    "__main__": 8,
 }
 
 

@@ -80,3 +80,39 @@ def test_symlib_load_reads_zoos_and_sample_sets_alike(tmp_path):
         zoo.load(tmp_path / "post")
     with pytest.raises(store.StoreError, match="no zoo manifest here"):
         symlib.load(tmp_path / "nothing")
+
+
+def test_check_out_names_every_bad_folder_and_changes_nothing(tmp_path):
+    """store.check_out, run by every writer before any work: creates nothing, refuses what cannot hold
+    the set, and reports a damaged manifest (the writer rebuilds it from the chunks) without refusing."""
+    import scenarios
+
+    assert store.check_out(tmp_path / "new" / "deeper", "zoo") == (None, False)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(store.StoreError, match="is a file, not a folder; choose another --out"):
+        store.check_out(tmp_path / "f", "zoo")
+    with pytest.raises(store.StoreError, match="lies under .*f, which is a file"):
+        store.check_out(tmp_path / "f" / "a" / "b", "posterior")
+    ro = scenarios.readonly_folder(tmp_path)
+    if ro is not None:
+        with pytest.raises(store.StoreError, match="its parent .* is not writable"):
+            store.check_out(ro / "out", "zoo")
+    d = tmp_path / "d"
+    d.mkdir()
+    store.write_manifest(d, {"format": store.FORMAT, "kind": "posterior", "set_hash": "abc"})
+    man, damaged = store.check_out(d, "posterior")
+    assert man["set_hash"] == "abc" and not damaged
+    with pytest.raises(store.StoreError, match="holds a posterior sample set, not a zoo; choose another"):
+        store.check_out(d, "zoo")
+    (d / store.MANIFEST).write_text(json.dumps({"format": "other/9"}))
+    with pytest.raises(store.StoreError, match="format 'other/9'.*choose another --out"):
+        store.check_out(d, "zoo")
+    (d / store.MANIFEST).write_text("{damaged")
+    assert store.check_out(d, "zoo") == (None, True)
+    meta = {"format": store.FORMAT, "set_hash": "abc"}
+    store.atomic_save({"w": torch.zeros(1)}, d / store.chunk_name(0), meta)
+    store.check_owners(d, "set_hash", "abc", "sample set")
+    with pytest.raises(store.StoreError, match="chunk-00000.safetensors: belongs to another sample set"):
+        store.check_owners(d, "set_hash", "xyz", "sample set")
+    assert sorted(p.name for p in d.iterdir()) == ["chunk-00000.safetensors", "manifest.json"]

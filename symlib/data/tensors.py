@@ -92,7 +92,8 @@ class Tensors:
 
     @property
     def black(self) -> tuple[float, ...]:
-        """The normalised value of a black pixel per channel: the ``fill`` for :func:`random_crop`."""
+        """The normalised value of a black pixel per channel: the ``fill`` for
+        :func:`~symlib.data.augment.random_crop`."""
         return tuple(-m / s for m, s in zip(self.mean, self.std, strict=True))
 
     def to(self, device: str | torch.device) -> Tensors:

@@ -33,7 +33,7 @@ to a reference by weight matching, normalising then aligning."""
 class Clock:
     """Seconds per step of a chapter: ``clock.tic()`` then ``clock.toc("metrics")`` (or ``with
     clock("metrics"): ...``) adds the wall-clock and the CPU time (of this process, all its threads) in
-    between to step ``"metrics"``; :attr:`steps` holds ``{step: (wall, cpu)}`` in the order the steps
+    between to step ``"metrics"``; ``clock.steps`` holds ``{step: (wall, cpu)}`` in the order the steps
     first ran."""
 
     def __init__(self) -> None:

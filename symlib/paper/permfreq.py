@@ -1,5 +1,5 @@
-r"""How often do neurons swap places while a network trains? (book: chapter "Permutations during
-training"; paper §5.2, Fig. 4).
+r"""How often do neurons swap places while a network trains? (book: chapter "Do networks
+permute while they train?"; paper §5.2, Fig. 4).
 
 Removing permutation symmetries sorts the neurons of every hidden layer by a key of their
 incoming weights (:func:`symlib.symmetry.canonical.sort_perms`). If training moves a network from one
@@ -384,3 +384,66 @@ def track_zoo_recipe(cfg, seeds: Sequence[int], device: str | torch.device = "cp
     n = d.x.shape[0]
     return TrackedTraining(record=record, epoch_steps=-(-n // cfg.recipe.batch_size),
                            milestones=milestone_steps(cfg.recipe, n), test_acc=acc, seconds=seconds)
+
+
+def key_gaps(theta: Params, names: Sequence[str], key: str = "max") -> float:
+    """Median gap between adjacent sorted keys of the neurons of a layer, over the layers and the runs:
+    how close, typically, two neurons are to swapping places in the sorted order.
+
+    Args:
+        theta: stacked parameters ``{name: (M, n_out, ...)}``.
+        names: the weight tensors whose output neurons are sorted (e.g. ``["conv1.weight", "conv2.weight"]``).
+        key: ``"max"`` (a neuron's largest incoming weight) or ``"first"`` (its first incoming weight: the
+            top-left kernel weight of the first input channel for a convolution).
+
+    Returns:
+        The median, over every layer, run and pair of neighbours in the sorted order, of the difference
+        between their keys.
+    """
+    if key not in KEYS:
+        raise ValueError(f"key must be one of {KEYS}, got {key!r}")
+    gaps = []
+    for name in names:
+        w = theta[name].flatten(2)
+        k = w.amax(-1) if key == "max" else w[..., 0]
+        gaps.append(k.sort(-1).values.diff(dim=-1).flatten())
+    return float(torch.cat(gaps).median())
+
+
+def noise_flips(theta: Params, spec: Spec, sigmas: Sequence[float], keys: Sequence[str] = KEYS,
+                repeats: int = 20, seed: int = 0):
+    r"""How often a small random push changes the sorted order: the share of (repeat, run, layer) triples
+    whose sorting permutation changes when Gaussian noise of standard deviation :math:`\sigma` is added to
+    every weight tensor of ``spec`` (biases unchanged).
+
+    Training moves every key at every step; isotropic noise of the size of a step separates how far a key
+    moves from how close the keys are, for each key alike.
+
+    Args:
+        theta: stacked parameters ``{name: (M, ...)}`` of ``M`` networks.
+        spec: their symmetries (its permutation labels are the layers).
+        sigmas: noise levels, in the units of the weights.
+        keys: sorting keys (:data:`KEYS`).
+        repeats: noise draws per level.
+        seed: of the noise.
+
+    Returns:
+        A DataFrame indexed by :math:`\sigma` with one column per key.
+    """
+    import pandas as pd
+
+    gen = torch.Generator().manual_seed(seed)
+    base = {k: sorting_ranks(theta, spec, k) for k in keys}
+    rows = {}
+    with torch.no_grad():
+        for sigma in sigmas:
+            flips = dict.fromkeys(keys, 0.0)
+            for _ in range(repeats):
+                noisy = {n: v + sigma * torch.randn(v.shape, generator=gen, dtype=v.dtype).to(v.device)
+                         if n in spec.weights else v for n, v in theta.items()}
+                for k in keys:
+                    flips[k] += float((sorting_ranks(noisy, spec, k) != base[k]).any(-1).double().mean())
+            rows[float(sigma)] = {k: v / repeats for k, v in flips.items()}
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    frame.index.name = "sigma"
+    return frame

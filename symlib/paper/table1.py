@@ -86,21 +86,31 @@ class Entry:
 
     @property
     def key(self) -> str:
-        """Directory name of the set: ``swag-10x10``."""
-        return f"{self.method}-{self.n_modes}x{self.n_per_mode}"
+        """Directory name of the set: ``swag-10x10``, with a short hash of the hyper-parameters when the row
+        sets any (``sghmc-1x100-3f2a9c01``), so that a set produced with other settings is never in the
+        way (:func:`symlib.posteriors.sampling.run` refuses to overwrite another set)."""
+        name = f"{self.method}-{self.n_modes}x{self.n_per_mode}"
+        if not self.hyper:
+            return name
+        import hashlib
+        import json
+
+        text = json.dumps(dict(self.hyper), sort_keys=True, default=str)
+        return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def sizes(scale: str) -> dict[str, tuple[int, int]]:
     """``{"one-mode": (1, S), "multi-mode": (M, K), "de": (S, 1), "hmc": (chains, draws)}`` of a scale.
 
-    ``cpu`` and ``paper`` use the paper's sizes (1 x 100, 10 x 10, 100 ensemble members); HMC runs 4 chains
-    x 25 draws at ``cpu`` (its preset, :mod:`symlib.posteriors.hmc`) and 10 x 10 at ``paper``. ``tiny``
-    shrinks everything to seconds.
+    ``cpu`` and ``paper`` use the paper's sizes (1 x 100, 10 x 10, 100 ensemble members); HMC stores 10
+    states of each of its 10 chains (started from the 10 multi-mode base models), every ``keep_every``-th of
+    the states its diagnostics use (its preset, :mod:`symlib.posteriors.hmc`). ``tiny`` shrinks everything
+    to seconds.
     """
     return _scales.pick(
         scale,
         tiny={"one-mode": (1, 6), "multi-mode": (2, 3), "de": (6, 1), "hmc": (2, 3)},
-        cpu={"one-mode": (1, 100), "multi-mode": (10, 10), "de": (100, 1), "hmc": (4, 25)},
+        cpu={"one-mode": (1, 100), "multi-mode": (10, 10), "de": (100, 1), "hmc": (10, 10)},
         paper={"one-mode": (1, 100), "multi-mode": (10, 10), "de": (100, 1), "hmc": (10, 10)},
     )
 
@@ -118,7 +128,7 @@ def plan(scale: str, methods: Sequence[str] = APPROXIMATIONS, hmc: bool = True,
     from symlib.posteriors import METHODS
 
     s = sizes(scale)
-    hyper = dict(hyper or {})
+    hyper = {**sampler_defaults(scale), **dict(hyper or {})}
     unknown = [m for m in (*methods, *hyper) if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown posterior method(s) {unknown}; choose among {list(METHODS)}")
@@ -130,6 +140,16 @@ def plan(scale: str, methods: Sequence[str] = APPROXIMATIONS, hmc: bool = True,
     if hmc:
         rows.append(Entry("hmc", "reference", *s["hmc"], dict(hyper.get("hmc", {}))))
     return rows
+
+
+def sampler_defaults(scale: str) -> dict[str, dict[str, Any]]:
+    """The samplers' settings, written out in the rows' hyper-parameters so that they are part of every
+    cached set's identity (a changed default recomputes the set instead of loading a stale one): SGHMC's
+    ``"corrected"`` setting (:data:`symlib.posteriors.sghmc.SETTINGS`) and HMC's preset of ``scale``."""
+    from symlib.posteriors import hmc, sghmc
+
+    return {"sghmc": {"setting": "corrected", **sghmc.SETTINGS["corrected"]},
+            "hmc": dataclasses.asdict(hmc.preset(scale))}
 
 
 def sets_dir(setup, seed: int = 0, root: str | os.PathLike | None = None) -> Path:
@@ -377,3 +397,133 @@ def hmc_diagnostics(sample_set) -> dict[str, float]:
     for k, v in d.items():
         put(k, v)
     return out
+
+
+# ----------------------------------------------------------------------------- reading the tables
+MISSING = "\u2013"  # an en dash: a value the paper does not report
+NON_BREAKING_HYPHEN = "\u2011"  # "multi-mode" stays on one line
+# The side-by-side table in column groups narrow enough for the book's text width.
+PAPER_GROUPS = (("MMD", "NS", "Acc", "ECE"), ("Brier", "AUPR", "FPR95", "IDMI", "OODMI"))
+
+
+def p_floor(n_resamples: int, two_sided: bool = False) -> float:
+    r"""The smallest p-value a resampling test can return: ``1 / (B + 1)`` for the permutation test of
+    :func:`symlib.stats.mmd.mmd` (``(1 + #{T_b >= T}) / (1 + B)``), ``2 / (R + 1)`` for the two-sided
+    bootstrap p-value of :func:`symlib.stats.mmd.difference`."""
+    n = _scales.check_int("n_resamples", n_resamples, 1)
+    return (2.0 if two_sided else 1.0) / (n + 1)
+
+
+def _ceil_one_digit(x: float) -> float:
+    """``x > 0`` rounded up to one significant digit (0.0099 -> 0.01, 0.004975 -> 0.005)."""
+    unit = 10.0 ** math.floor(math.log10(x))
+    return math.ceil(round(x / unit, 9)) * unit
+
+
+def format_p(p: float, floor: float | None = None, digits: int = 2) -> str:
+    """A p-value for a table: ``"≤ 0.01"`` at the test's floor (it means "at most ``floor``", the
+    resolution of ``B`` resamples, not "0.01"), ``"–"`` when missing, else ``digits`` decimals.
+
+    Args:
+        p: the p-value.
+        floor: the test's smallest possible value (:func:`p_floor`), or ``None`` (no floor marked).
+        digits: decimals of the other values.
+    """
+    if p is None or p != p:
+        return MISSING
+    if floor is not None and p <= floor * (1 + 1e-9):
+        return f"\u2264 {_ceil_one_digit(floor):g}"
+    return f"{p:.{digits}f}"
+
+
+def paper_tables(ours, paper=None, groups: Sequence[Sequence[str]] = PAPER_GROUPS) -> list:
+    """:func:`side_by_side` split into column groups (:data:`PAPER_GROUPS`: distances, accuracy and
+    calibration; then OOD detection and mutual information), each narrow enough for the text width."""
+    paper = paper_frame() if paper is None else paper
+    return [side_by_side(ours, paper, [c for c in g if c in ours]) for g in groups]
+
+
+def display(frame, digits: int = 1, p_columns: Sequence = (), floor: float | None = None,
+            missing: str = MISSING, uuid: str | None = None):
+    """A DataFrame styled to read like a paper's table (a pandas ``Styler``; the frame is not changed).
+
+    Numbers get ``digits`` decimals, missing values print as ``missing`` ("–", not NaN), the columns
+    named in ``p_columns`` are p-values (:func:`format_p`, ``"≤ 0.01"`` at ``floor``), strings pass
+    through. Hyphens in the row labels become non-breaking ("multi-mode" never wraps), no cell wraps, and
+    a table wider than the page scrolls horizontally instead of being cut off.
+
+    Args:
+        frame: the table (any index; MultiIndex columns allowed).
+        digits: decimals of the numeric cells.
+        p_columns: column keys holding p-values.
+        floor: the p-values' floor (:func:`p_floor`).
+        missing: what a missing value prints as.
+        uuid: a fixed id for the HTML (stable outputs across runs).
+
+    Returns:
+        ``frame.style`` with the formats and the table styles set.
+    """
+    def cell(v):
+        if isinstance(v, str):
+            return v
+        if v is None or (isinstance(v, float | np.floating) and np.isnan(v)):
+            return missing
+        if isinstance(v, int | np.integer) and not isinstance(v, bool):
+            return str(v)
+        return f"{float(v):.{digits}f}"
+
+    def label(v):
+        return str(v).replace("-", NON_BREAKING_HYPHEN)
+
+    styler = frame.style
+    if uuid is not None:
+        styler = styler.set_uuid(uuid)
+    p_columns = [c for c in p_columns if c in frame.columns]
+    others = [c for c in frame.columns if c not in p_columns]
+    if others:
+        styler = styler.format(cell, subset=others)
+    if p_columns:
+        styler = styler.format(lambda v: format_p(v, floor) if not isinstance(v, str) else v,
+                               subset=p_columns)
+    styler = styler.format_index(label, axis=0)
+    return styler.set_table_styles([
+        {"selector": "", "props": "display: block; overflow-x: auto; max-width: 100%;"},
+        {"selector": "th, td", "props": "white-space: nowrap;"},
+    ])
+
+
+def subsample_tests(pair, sizes: Sequence[int], repeats: int = 10, n_permutations: int = 200,
+                    seed: int = 0):
+    """The MMD and its permutation p-value on random subsets of a pair of sample sets, ``n`` checkpoints
+    from each side, for every ``n`` of ``sizes``: how the evidence grows with the number of samples.
+
+    Args:
+        pair: two sets with their symmetries already removed (:meth:`symlib.stats.mmd.Layered.pair` or
+            :func:`symlib.stats.mmd.prepare`).
+        sizes: subset sizes ``n`` (at least 2, at most the smaller set).
+        repeats: subsets drawn per size (without replacement within a subset).
+        n_permutations: of each test (its floor is ``1 / (n_permutations + 1)``).
+        seed: of the subsets and the permutations.
+
+    Returns:
+        A DataFrame with one row per subset: ``n``, ``repeat``, ``MMD`` (``100 x`` the aggregate) and ``p``.
+    """
+    import pandas as pd
+
+    from symlib.stats import mmd as _mmd
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in sizes:
+        n = _scales.check_int("size", n, 2)
+        if n > min(pair.m, pair.n):
+            raise ValueError(f"subset size {n} exceeds the smaller set ({min(pair.m, pair.n)} samples)")
+        for r in range(repeats):
+            i = torch.randperm(pair.m, generator=gen)[:n]
+            j = torch.randperm(pair.n, generator=gen)[:n]
+            sub = dataclasses.replace(pair, x=tuple(x[i] for x in pair.x), y=tuple(y[j] for y in pair.y),
+                                      dxx=None)
+            res = _mmd.mmd(sub, n_permutations=n_permutations, seed=seed + r)
+            rows.append({"n": n, "repeat": r, "MMD": _mmd.PERCENT * float(res.value()),
+                         "p": float(res.p_value())})
+    return pd.DataFrame(rows)

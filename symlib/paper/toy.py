@@ -2,8 +2,8 @@ r"""The gentle example: thousands of small perceptrons at once (book: chapter "A
 paper §3.1, App. A).
 
 * :func:`two_gaussians` draws the paper's two linearly separable 2-D classes.
-* :func:`train_mlps` trains many ReLU MLPs at once: parameters are stacked along a
-  leading model axis and every step is a handful of batched matrix products,
+* :func:`train_mlps` trains many MLPs at once (ReLU, or tanh for the chapter's exercises): parameters
+  are stacked along a leading model axis and every step is a handful of batched matrix products,
   each model with its own initialisation and its own shuffling of the data.
 * :func:`train_mlp_loop` is the reference: one ``nn.Module`` after another with
   ``torch.optim.SGD``, as the authors' released notebook does. Given the same
@@ -56,6 +56,7 @@ def two_gaussians(
     means: tuple[tuple[float, float], tuple[float, float]] = ((-2.0, -2.0), (2.0, 2.0)),
     seed: int = 0,
     max_draws: int = 100,
+    separable: bool = True,
 ) -> ToyData:
     """Two Gaussian classes with identity covariance, redrawn until linearly separable (paper App. A).
 
@@ -64,6 +65,8 @@ def two_gaussians(
         means: class means (the authors' data: close to (-2, -2) and (2, 2)).
         seed: random seed of the first draw; later draws continue the same stream.
         max_draws: give up after this many non-separable draws.
+        separable: redraw until a line separates the classes (the paper's setting); ``False`` keeps
+            the first draw, overlapping classes included (the chapter's exercise on overlap).
     """
     if n_per_class < 1:
         raise ValueError(f"n_per_class must be positive, got {n_per_class}")
@@ -72,7 +75,7 @@ def two_gaussians(
     y = np.repeat([0, 1], n_per_class)
     for draw in range(1, max_draws + 1):
         x = m[y] + rng.standard_normal((2 * n_per_class, 2))
-        if is_linearly_separable(x, y):
+        if not separable or is_linearly_separable(x, y):
             return ToyData(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32),
                            tuple(map(tuple, m.tolist())), seed, draw)
     raise ValueError(f"no linearly separable sample in {max_draws} draws: move the means {means} apart")
@@ -121,33 +124,44 @@ def _from_models_last(ws: list[torch.Tensor], bs: list[torch.Tensor]) -> Params:
     return theta
 
 
-def _forward(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor
+ACTIVATIONS = ("relu", "tanh")
+"""Hidden activations :func:`train_mlps` supports (names of :class:`symlib.models.MLP`)."""
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _forward(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, activation: str = "relu"
              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Models-last forward: inputs ``x (d, B, M)``; returns the activations (input first) and the
     pre-activations ``z_l (out, B, M)`` of every layer."""
+    act = torch.relu if activation == "relu" else torch.tanh
     acts, zs = [x], []
     for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
         z = (w.unsqueeze(2) * acts[-1].unsqueeze(0)).sum(1) + b.unsqueeze(1)
         zs.append(z)
         if i < len(ws) - 1:
-            acts.append(torch.relu(z))
+            acts.append(act(z))
     return acts, zs
 
 
-def mean_losses(theta: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def mean_losses(theta: Params, x: torch.Tensor, y: torch.Tensor, activation: str = "relu") -> torch.Tensor:
     """Mean binary cross-entropy of every stacked model on the whole set: ``(M,)``."""
-    return _mean_losses(*_to_models_last(theta, device=x.device), x, y)
+    _check_activation(activation)
+    return _mean_losses(*_to_models_last(theta, device=x.device), x, y, activation)
 
 
-def _mean_losses(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor
-                 ) -> torch.Tensor:
+def _mean_losses(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                 activation: str = "relu") -> torch.Tensor:
     m = ws[0].shape[-1]
-    logits = _forward(ws, bs, x.t().unsqueeze(-1).expand(-1, -1, m))[1][-1][0]  # (N, M)
+    logits = _forward(ws, bs, x.t().unsqueeze(-1).expand(-1, -1, m), activation)[1][-1][0]  # (N, M)
     return F.binary_cross_entropy_with_logits(logits, y.unsqueeze(-1).expand(-1, m), reduction="none").mean(0)
 
 
-def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float
-              ) -> None:
+def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float,
+              activation: str = "relu") -> None:
     r"""One SGD step on the mean BCE of every model, in place, models on the last axis.
 
     Layout: activations ``(features, batch, M)``, weights ``(out, in, M)``, biases
@@ -155,15 +169,17 @@ def _sgd_step(ws: list[torch.Tensor], bs: list[torch.Tensor], x: torch.Tensor, y
     which vectorises far better than ``M`` tiny matrix products. The backward
     pass is written out: with ``z_l = W_l a_{l-1} + b_l``,
     ``dL/dz_L = (sigmoid(z_L) - y) / B``, ``dL/dW_l = dz_l a_{l-1}^T``,
-    ``dL/da_{l-1} = W_l^T dz_l`` and ``dz_{l-1} = dL/da_{l-1} * 1[z_{l-1} > 0]``.
+    ``dL/da_{l-1} = W_l^T dz_l`` and ``dz_{l-1} = dL/da_{l-1} * 1[z_{l-1} > 0]`` (ReLU) or
+    ``* (1 - a_{l-1}^2)`` (tanh).
     """
-    acts, zs = _forward(ws, bs, x)
+    acts, zs = _forward(ws, bs, x, activation)
     dz = (torch.sigmoid(zs[-1]) - y) / x.shape[1]
     for i in range(len(ws) - 1, -1, -1):
         gw = (dz.unsqueeze(1) * acts[i].unsqueeze(0)).sum(2)
         gb = dz.sum(1)
         if i:
-            dz = (ws[i].unsqueeze(2) * dz.unsqueeze(1)).sum(0) * (zs[i - 1] > 0)
+            da = (ws[i].unsqueeze(2) * dz.unsqueeze(1)).sum(0)
+            dz = da * (zs[i - 1] > 0) if activation == "relu" else da * (1 - acts[i].square())
         ws[i].sub_(lr * gw)
         bs[i].sub_(lr * gb)
 
@@ -188,6 +204,7 @@ def train_mlps(
     orders: torch.Tensor | None = None,
     chunk: int = 100_000,
     progress: bool = True,
+    activation: str = "relu",
 ) -> TrainResult:
     """Train ``n_models`` binary-classification MLPs at once with plain SGD (paper App. A).
 
@@ -205,7 +222,10 @@ def train_mlps(
         orders: optional data orders ``(epochs, n_models, N)`` (default: :func:`batch_orders`).
         chunk: models trained together at most (memory bound).
         progress: show a progress bar over the steps.
+        activation: hidden activation, ``"relu"`` (the paper) or ``"tanh"`` (a network with sign-flip
+            instead of scaling symmetries; the chapter's exercises).
     """
+    _check_activation(activation)
     if widths[-1] != 1:
         raise ValueError(f"binary classification needs one output unit, got widths {list(widths)}")
     if widths[0] != data.x.shape[1]:
@@ -230,9 +250,9 @@ def train_mlps(
         for epoch in range(epochs):
             for s in range(steps):
                 idx = order[epoch, :, s * batch_size:(s + 1) * batch_size].t()  # (B, M)
-                _sgd_step(ws, bs, xt[:, idx], y[idx].unsqueeze(0), lr)
+                _sgd_step(ws, bs, xt[:, idx], y[idx].unsqueeze(0), lr, activation)
                 bar.update()
-        losses.append(_mean_losses(ws, bs, x, y))
+        losses.append(_mean_losses(ws, bs, x, y, activation))
         out.append(_from_models_last(ws, bs))
     bar.close()
     theta = {k: torch.cat([o[k] for o in out]).cpu() for k in init}
@@ -248,17 +268,19 @@ def train_mlp_loop(
     init: Params | None = None,
     order: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    activation: str = "relu",
 ) -> tuple[Params, float]:
     """The reference: train one ``nn.Module`` with ``torch.optim.SGD`` in a Python loop.
 
     Args:
         init: one model's initial parameters (default: PyTorch's own init).
         order: that model's data orders ``(epochs, N)`` (default: a fresh shuffle per epoch).
+        activation: hidden activation of the :class:`symlib.models.MLP`.
 
     Returns:
         The trained ``state_dict`` and its final mean training loss.
     """
-    model = MLP(widths)
+    model = MLP(widths, activation=activation)
     if init is not None:
         model.load_state_dict(init)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -287,6 +309,9 @@ class DensitySummary:
         peak: location of the density's highest point.
         mirror_ratio: density at the peak swapped, ``(w_2, w_1)``, over the peak density:
             about 1 when the permutation duplicates the mode, about 0 when it does not.
+        flip_ratio: density at the peak with the sign of its first coordinate flipped,
+            ``(-w_1, w_2)``, over the peak density: about 1 when flipping the sign of a hidden
+            neuron is a symmetry too (an odd activation such as tanh), not for ReLU.
         peakedness: peak density times the window's area, i.e. the peak over a uniform
             spread on the window; scale-free, so comparable between panels.
         above_diagonal: fraction of points with ``w_1 > w_2``.
@@ -297,6 +322,7 @@ class DensitySummary:
     peak: tuple[float, float]
     mirror_ratio: float
     peakedness: float
+    flip_ratio: float
     above_diagonal: float
 
 
@@ -317,5 +343,6 @@ def density_summary(w: np.ndarray, coverage: float = 0.98, grid: int = 121) -> D
         peak=(float(peak[0]), float(peak[1])),
         mirror_ratio=float(kde(peak[::-1, None])[0] / dens.max()),
         peakedness=float(dens.max() * (2 * h) ** 2),
+        flip_ratio=float(kde(np.array([[-peak[0]], [peak[1]]]))[0] / dens.max()),
         above_diagonal=float((w[:, 0] > w[:, 1]).mean()),
     )

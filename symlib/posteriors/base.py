@@ -73,10 +73,12 @@ class Setup:
 
     @property
     def device(self) -> torch.device:
+        """Where the training data lives, hence where the methods train."""
         return self.x.device
 
     @property
     def n_train(self) -> int:
+        """:math:`N`, the number of training examples."""
         return int(self.x.shape[0])
 
     @property
@@ -120,6 +122,7 @@ class SampleSet:
 
     @property
     def n_samples(self) -> int:
+        """``n_modes * n_per_mode``."""
         return self.n_modes * self.n_per_mode
 
     @property

@@ -41,6 +41,8 @@ REPAIR = (
 
 __all__ = [
     "KIND",
+    "check_model",
+    "check_out",
     "identity",
     "info",
     "is_posterior",
@@ -195,10 +197,19 @@ def save(
         The manifest.
 
     Raises:
-        StoreError: if ``out_dir`` holds another sample set or a zoo.
+        StoreError: if ``out_dir`` is a file, lies under a file, is not writable, or holds another sample
+            set, chunks of another set or a zoo (checked before anything is written).
+        ValueError: the samples hold NaN or infinite weights (nothing is written, no folder created).
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    for k, v in samples.params.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            bad = (~torch.isfinite(v)).reshape(v.shape[0], -1).any(1).nonzero().flatten().tolist()
+            raise ValueError(
+                f"sample set {samples.method}: tensor {k!r} holds NaN or infinite values (samples "
+                f"{bad[:10]}{'...' if len(bad) > 10 else ''}); not saved, nothing written: the method "
+                f"diverged, lower its step size or learning rate"
+            )
     chunk = samples.n_per_mode if chunk is None else _scales.check_int("chunk", chunk, 1)
     srec = setup_record(setup) if setup is not None else None
     set_hash = key or identity(
@@ -210,24 +221,9 @@ def save(
         {"seeds": list(samples.base_seeds)},
         seed,
     )
-    if (out / MANIFEST).exists():
-        try:
-            old = read_manifest(out)
-        except StoreError as e:
-            raise StoreError(f"{out}: holds something else ({e}); choose another --out") from None
-        if old.get("set_hash") != set_hash:
-            raise StoreError(
-                f"{out / MANIFEST}: this folder holds another sample set ({old.get('method')}, "
-                f"{old.get('n_modes')} x {old.get('n_per_mode')}, hash {old.get('set_hash')}), "
-                f"not this one ({samples.method}, {samples.n_modes} x {samples.n_per_mode}, {set_hash}); "
-                f"choose another --out"
-            )
+    check_out(out, set_hash, samples.method, samples.n_modes, samples.n_per_mode)
+    out.mkdir(parents=True, exist_ok=True)
     store.remove_stale(out)
-    for k, v in samples.params.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(
-                f"sample set {samples.method}: tensor {k!r} holds NaN or infinite values; not saved"
-            )
     shapes = {k: list(v.shape[1:]) for k, v in samples.params.items()}
     dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in samples.params.items()}
     ranges = _chunks(samples.n_samples, chunk)
@@ -240,7 +236,8 @@ def save(
                 done.append(c)
                 continue
             except StoreError:
-                pass  # damaged or stale: rewrite it
+                pass  # damaged, or of this set but chunked otherwise (check_out refused other sets'): rewrite
+
     def write() -> None:
         store.write_manifest(out, _manifest(samples, set_hash, chunk, done, shapes, dtypes, srec, base, seed))
 
@@ -261,6 +258,21 @@ def save(
         done.append(c)
         write()
     return read_manifest(out)
+
+
+def check_out(out: Path, set_hash: str, method: str, n_modes: int, n_per_mode: int) -> None:
+    """Check, before any work, that ``out`` can receive the sample set ``set_hash``
+    (:func:`symlib.store.check_out`): not a file, not under a file, writable, not holding a zoo, another
+    sample set or chunks of one. A damaged manifest is accepted: every chunk is then checked and the
+    manifest rewritten."""
+    old, _ = store.check_out(out, KIND)
+    if old is not None and old.get("set_hash") != set_hash:
+        raise StoreError(
+            f"{out / MANIFEST}: this folder holds another sample set ({old.get('method')}, "
+            f"{old.get('n_modes')} x {old.get('n_per_mode')}, hash {old.get('set_hash')}), "
+            f"not this one ({method}, {n_modes} x {n_per_mode}, {set_hash}); choose another --out"
+        )
+    store.check_owners(out, "set_hash", set_hash, "sample set")
 
 
 def _read_chunk_file(
@@ -288,6 +300,7 @@ def load_params(path: str | os.PathLike, device: str | torch.device = "cpu") -> 
     ``symlib.zoo.load`` returns for a posterior set)."""
     path = Path(path)
     man = read_manifest(path)
+    check_model(path, man)
     n_chunks = len(_chunks(man["n_samples"], man["chunk"]))
     have = sorted(ch["chunk"] for ch in man["chunks"])
     if not man.get("complete") or have != list(range(n_chunks)):
@@ -315,6 +328,52 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> SampleS
     )
 
 
+def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
+    """Check that a manifest's architecture (``arch``, ``setup.arch`` and the ``model`` constructor) agrees
+    with the tensor shapes it records, so that an edited or damaged manifest is named here rather than
+    failing later in ``load_state_dict``."""
+    from symlib import models as _models
+
+    file = Path(path) / MANIFEST
+    fix = (
+        "the manifest was edited or damaged: restore it, or rerun `symlib posterior sample` with the same "
+        "arguments (`--out` this folder) to rewrite it"
+    )
+    arch, shapes, spec = man.get("arch"), man.get("shapes"), man.get("model")
+    if not isinstance(shapes, dict):
+        raise StoreError(f"{file}: no tensor shapes recorded; {fix}")
+    st_arch = (man.get("setup") or {}).get("arch")
+    if st_arch is not None and arch != st_arch:
+        raise StoreError(f"{file}: records architecture {arch!r}, its training problem {st_arch!r}; {fix}")
+    if not arch:
+        return
+    try:
+        expected = model_spec(arch, {k: tuple(v) for k, v in shapes.items()})
+    except (KeyError, IndexError, TypeError) as e:
+        raise StoreError(
+            f"{file}: its tensors ({sorted(shapes)[:4]}...) are not those of architecture {arch!r} "
+            f"(no {e}); {fix}"
+        ) from None
+    if spec != expected:
+        raise StoreError(f"{file}: model {spec} does not match architecture {arch!r} ({expected}); {fix}")
+    if not expected.get("class"):
+        return
+    try:
+        with torch.device("meta"):
+            net = getattr(_models, expected["class"])(**expected["kwargs"])
+    except (AttributeError, TypeError, ValueError) as e:
+        raise StoreError(f"{file}: cannot build {expected} ({e}); {fix}") from None
+    want = {k: list(v.shape) for k, v in net.state_dict().items()}
+    have = {k: list(v) for k, v in shapes.items()}
+    if want != have:
+        diff = sorted(set(want) ^ set(have)) or [k for k in sorted(want) if want[k] != have[k]]
+        k = diff[0]
+        raise StoreError(
+            f"{file}: architecture {arch!r} ({expected['class']}, {expected['kwargs']}) does not match the "
+            f"tensors it records ({k!r}: {have.get(k)} recorded, {want.get(k)} expected); {fix}"
+        )
+
+
 def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
     """One eval-mode ``nn.Module`` per sample (for ``zoo.load(path, as_="models")``)."""
     from symlib import models as _models
@@ -332,7 +391,14 @@ def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
         with torch.device("meta"):
             m = getattr(_models, spec["class"])(**spec["kwargs"])
         m = m.to_empty(device=dev).to(dtype)  # the samples' precision (float64 sets stay float64)
-        m.load_state_dict({k: v[i] for k, v in params.items()})
+        try:
+            m.load_state_dict({k: v[i] for k, v in params.items()})
+        except RuntimeError as e:
+            raise StoreError(
+                f"the samples do not fit the manifest's model {spec['class']}({spec['kwargs']}) ({e}); the "
+                f"manifest was edited or damaged: restore it, or rerun `symlib posterior sample` with the "
+                f"same arguments to rewrite it"
+            ) from None
         out.append(m.eval())
     return out
 

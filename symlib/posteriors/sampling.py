@@ -10,6 +10,7 @@ an interruption keeps the chunks already written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -20,14 +21,14 @@ from typing import Any
 import torch
 
 from symlib import scales as _scales
-from symlib import zoo
+from symlib import store, zoo
 from symlib.params import Params
 from symlib.posteriors.base import Method, SampleSet, Setup, check_sizes
 from symlib.posteriors.seeds import base_seeds
 from symlib.posteriors.sgd import train_models
 from symlib.store import StoreError
 
-__all__ = ["base_models", "method", "run", "setup_for"]
+__all__ = ["base_models", "base_zoo", "method", "run", "setup_for"]
 
 
 def setup_for(preset: str, scale: str = "cpu", device: str | torch.device = "cpu") -> Setup:
@@ -46,6 +47,20 @@ def setup_for(preset: str, scale: str = "cpu", device: str | torch.device = "cpu
         name=preset,
         scale=scale,
         data_info=d.info,
+    )
+
+
+def base_zoo(setup: Setup, n_modes: int, seed: int = 0) -> zoo.ZooConfig:
+    """The zoo configuration of the ``n_modes`` base models of run ``seed`` (setup of a zoo preset): the
+    preset with ``n_models = n_modes``, first seed ``BASE_SEED0 + SEED_STRIDE * seed``, OptuNets in one
+    chunk, ResNets one per chunk. :func:`base_models` caches this zoo; a fan-out
+    (:mod:`symlib.posteriors.fanout`) trains it."""
+    seeds = base_seeds(n_modes, seed)
+    cfg = zoo.preset(setup.name, setup.scale)
+    if cfg.arch != setup.arch:
+        raise ValueError(f"preset {setup.name!r} is {cfg.arch!r}, but the setup is {setup.arch!r}")
+    return dataclasses.replace(
+        cfg, seed=seeds[0], n_models=n_modes, chunk=n_modes if cfg.arch == "optunet" else 1
     )
 
 
@@ -71,12 +86,7 @@ def base_models(
     """
     seeds = base_seeds(n_modes, seed)
     if use_cache and setup.name in zoo.PRESETS:
-        cfg = zoo.preset(setup.name, setup.scale)
-        if cfg.arch != setup.arch:
-            raise ValueError(f"preset {setup.name!r} is {cfg.arch!r}, but the setup is {setup.arch!r}")
-        cfg = dataclasses.replace(
-            cfg, seed=seeds[0], n_models=n_modes, chunk=n_modes if cfg.arch == "optunet" else 1
-        )
+        cfg = base_zoo(setup, n_modes, seed)
         params, man = zoo.load_or_train(cfg, device=setup.device, cache_dir=cache_dir, progress=progress)
         if man.get("data", {}).get("fingerprint") != setup.data_info.get("fingerprint"):
             raise ValueError(
@@ -116,8 +126,12 @@ def run(
 ) -> SampleSet:
     """Produce ``n_modes x n_per_mode`` samples of method ``name`` into ``out_dir``, resuming.
 
+    0. Before any work: the hyper-parameter names, the sizes and ``out_dir`` are checked (a file, a path
+       under a file, a read-only folder, a folder holding a zoo, another set or chunks of one are refused,
+       naming the fix; :func:`symlib.posteriors.io.check_out`).
     1. If ``out_dir`` holds this very set (same method, sizes, hyper-parameters, problem and seed)
-       complete, it is loaded and returned: nothing is recomputed.
+       complete, it is loaded and returned: nothing is recomputed (temporary files a killed run left
+       there are removed).
     2. Methods that start from trained models get ``n_modes`` base models from :func:`base_models`
        (cached: a rerun does not retrain them).
     3. ``symlib.posteriors.<name>.sample(setup, n_modes, n_per_mode, seed, base=..., **hyper)``.
@@ -154,9 +168,15 @@ def run(
         man = io.read_manifest(out)
         if man.get("set_hash") == key and man.get("complete"):
             try:
-                return io.load(out, device=setup.device)
+                done = io.load(out, device=setup.device)
             except StoreError:
                 pass  # a chunk was lost or damaged since: recompute, rewrite only what is missing
+            else:
+                with contextlib.suppress(OSError):  # a finished set may be read-only
+                    store.remove_stale(out)  # left by a killed run (one writer per folder)
+                return done
+    if out is not None:
+        io.check_out(out, key, name, n_modes, n_per_mode)  # before any work: nothing to lose, no time wasted
     base, base_path = None, None
     if uses:
         base, seeds, base_path = base_models(setup, n_modes, seed, cache_dir=cache_dir, progress=progress)

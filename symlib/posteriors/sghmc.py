@@ -7,17 +7,35 @@ r"""Stochastic-gradient Hamiltonian Monte Carlo (Chen et al. 2014; book: chapter
           \qquad \lambda = N \cdot wd,
 
 the Gaussian prior :math:`\mathcal N(0, \lambda^{-1} I)` that matches the recipe's weight decay
-(:attr:`Setup.prior_precision`), and the minibatch estimate
+(:attr:`~symlib.posteriors.base.Setup.prior_precision`), and the minibatch estimate
 :math:`\nabla\tilde U = N\,(\nabla \bar\ell_B + wd\,\theta)` (the batch mean gradient scaled by ``N``).
 
-**Sampler.** Chen et al. (2014), Eq. 15, with mass :math:`M = I`, friction :math:`\alpha` and noise
-estimate :math:`\hat\beta = 0`:
+**Sampler.** Chen et al. (2014), Eq. 15, with mass :math:`M = I`, friction :math:`\alpha` and a noise
+estimate :math:`\hat B = \eta \hat V / 2`:
 
 .. math:: \theta \leftarrow \theta + v, \qquad
-          v \leftarrow (1 - \alpha)\, v - \eta\, \nabla\tilde U(\theta) + \mathcal N(0,\ 2 \alpha \eta T),
+          v \leftarrow (1 - \alpha)\, v - \eta\, \nabla\tilde U(\theta) + \mathcal N(0,\ q),
+          \qquad q_i = \max(0,\ 2 \alpha \eta T - \eta^2 \hat V_i).
 
-the injected noise being exactly :math:`\sqrt{2 \alpha \eta T}` (never shrunk: a sampler with less noise
-is an optimiser). We write :math:`\eta = \mathrm{lr} / N`, so that :math:`\eta \nabla\tilde U =
+The minibatch gradient carries noise of its own, of variance :math:`V_i` per coordinate, which heats the
+chain to the effective temperature :math:`T_{\mathrm{eff}} = \overline{(q_i + \eta^2 V_i) / (2\alpha\eta)}`
+(:mod:`symlib.posteriors.temperature`). Two settings (``setting``):
+
+* ``"corrected"`` (the default): Chen et al.'s correction with :math:`\hat V` measured per chain from
+  ``noise_batches`` fresh minibatches (with the recipe's crops, as the sampler draws them) at the start
+  of every epoch, and friction :math:`\alpha = 0.3`. Measured at the ten cpu-scale base models of
+  MNIST-OptuNet: :math:`T_{\mathrm{eff}}` 0.97-1.04 (crops), where :math:`\alpha = 0.1` with the correction
+  stays at 1.20-1.44 (the noise of many coordinates exceeds what the friction can absorb, :math:`q_i`
+  clips at 0) and :math:`\alpha = 0.5` without it at 1.13-1.22.
+* ``"paper"``: no correction (:math:`\hat V = 0`, the injected noise exactly
+  :math:`\sqrt{2 \alpha \eta T}`), :math:`\alpha = 0.1`: :math:`T_{\mathrm{eff}}` 1.65-2.09 with the crops
+  (1.48-1.81 without), not the stated 1.
+
+Both take the recipe's final learning rate by default; every set records, per chain, the effective
+temperature measured at every kept sample from an independent set of ``noise_batches`` minibatches, and
+the kinetic temperature :math:`\overline{v^2} / \eta` of the velocities after burn-in.
+
+We write :math:`\eta = \mathrm{lr} / N`, so that :math:`\eta \nabla\tilde U =
 \mathrm{lr}\,(\nabla\bar\ell_B + wd\,\theta)` is an SGD step with learning rate ``lr`` and momentum
 :math:`1 - \alpha`, and the noise standard deviation is :math:`\sqrt{2 \alpha\, \mathrm{lr}\, T / N}`.
 (The public "Bayesian-Neural-Networks" repository the paper used runs the scale-adapted variant of
@@ -27,8 +45,11 @@ Springenberg et al. 2016; this is Chen et al.'s original.)
 from base model ``i`` when base models are given (as :func:`symlib.posteriors.sampling.run` does), else
 from the initialisation of seed ``base_seeds(n_modes, seed)[i]`` (then lengthen the burn-in). Each chain
 discards ``burn_in`` epochs, then keeps one sample every ``thin`` epochs (at the end of the epoch),
-``n_per_mode`` samples in all. Minibatches and augmentation follow the recipe (the posterior of the
-augmented training set, as for the target zoo).
+``n_per_mode`` samples in all. Every step draws its minibatch independently (``batch_size`` images with
+replacement, each with its own random crop of the recipe: :func:`symlib.posteriors.temperature.iid_batches`),
+so that the gradient noise of successive steps is independent, as the correction and the effective
+temperature assume; an "epoch" is ``ceil(N / batch_size)`` steps. The target is the posterior of the
+augmented training set (the expected loss over the crops), as for the target zoo.
 """
 
 from __future__ import annotations
@@ -40,14 +61,22 @@ import torch
 import torch.nn.functional as F
 
 from symlib import training as _train
-from symlib.params import Params, stack, state_of, unstack
+from symlib.params import Params, flatten, stack, state_of, unflatten, unstack
+from symlib.posteriors import temperature as _temp
 from symlib.posteriors.base import Method, Request, SampleSet, check_positive
 from symlib.posteriors.modules import init_stacked, new_module
 from symlib.posteriors.seeds import base_seeds, generator, stream_seeds
 from symlib.progress import bar
 from symlib.training import loop
+from symlib.training.plans import check_images
 
-__all__ = ["METHOD", "sample", "step"]
+__all__ = ["METHOD", "SETTINGS", "sample", "step"]
+
+SETTINGS = {
+    "corrected": {"alpha": 0.3, "correction": True},
+    "paper": {"alpha": 0.1, "correction": False},
+}
+"""Named settings of :func:`sample` (``setting=``): friction and whether the gradient noise is corrected."""
 
 
 def step(
@@ -58,10 +87,13 @@ def step(
     alpha: float,
     temperature: float,
     gen: torch.Generator,
+    noise_var: Params | None = None,
 ) -> tuple[Params, Params]:
     r"""One SGHMC step, in place on new tensors: :math:`v' = (1 - \alpha) v - \eta \nabla\tilde U(\theta)
-    + \sqrt{2 \alpha \eta T}\,\xi`, :math:`\theta' = \theta + v'` (Chen et al. 2014, Eq. 15, with
-    :math:`\hat\beta = 0`; ``grad_u`` is :math:`\nabla\tilde U` at ``theta``).
+    + \sqrt{q}\,\xi`, :math:`\theta' = \theta + v'` (Chen et al. 2014, Eq. 15; ``grad_u`` is
+    :math:`\nabla\tilde U` at ``theta``), with :math:`q = 2 \alpha \eta T` or, given the gradient-noise
+    estimate ``noise_var`` :math:`= \hat V` (same shapes as ``theta``), the corrected
+    :math:`q = \max(0, 2 \alpha \eta T - \eta^2 \hat V)`.
 
     Returns ``(theta', v')``; the inputs are not modified.
     """
@@ -69,7 +101,12 @@ def step(
     new_t, new_v = {}, {}
     for k, t in theta.items():
         noise = torch.randn(t.shape, generator=gen, dtype=t.dtype, device=gen.device).to(t.device)
-        nv = v[k].mul(1.0 - alpha).sub_(grad_u[k], alpha=eta).add_(noise, alpha=sd)
+        nv = v[k].mul(1.0 - alpha).sub_(grad_u[k], alpha=eta)
+        if noise_var is None:
+            nv.add_(noise, alpha=sd)
+        else:
+            q = (2.0 * alpha * eta * temperature - eta**2 * noise_var[k].to(t.dtype)).clamp_min(0.0)
+            nv.add_(noise * q.sqrt())
         new_v[k], new_t[k] = nv, t + nv
     return new_t, new_v
 
@@ -85,12 +122,13 @@ class _Stacked:
     temperature: float
     gen: torch.Generator
     arch: str = "optunet"
+    noise_var: Params | None = None  # the correction's estimate, refreshed every epoch
 
     def step(self, state: tuple[Params, Params], b: _train.Batch):
         theta, v = state
         loss, grads = _train.loss_and_grads(theta, b.x, b.y, self.arch)
         grad_u = {k: (grads[k] + self.weight_decay * theta[k]) * self.n_train for k in theta}
-        return step(theta, v, grad_u, self.eta, self.alpha, self.temperature, self.gen), loss
+        return step(theta, v, grad_u, self.eta, self.alpha, self.temperature, self.gen, self.noise_var), loss
 
 
 @dataclasses.dataclass
@@ -108,17 +146,82 @@ class _Module(_Stacked):
             ps = dict(model.named_parameters())
             theta = {k: p.detach() for k, p in ps.items()}
             grad_u = {k: (ps[k].grad + self.weight_decay * theta[k]) * self.n_train for k in ps}
-            new_t, v = step(theta, v, grad_u, self.eta, self.alpha, self.temperature, self.gen)
+            new_t, v = step(theta, v, grad_u, self.eta, self.alpha, self.temperature, self.gen,
+                            self.noise_var)
             for k, p in ps.items():
                 p.copy_(new_t[k])
         return (model, v), loss.detach().reshape(1)
 
 
+def _walk(rule, state, seed: int, m: int, setup, epochs: int, on_step, pb):
+    """Apply the SGHMC ``rule`` to ``m`` stacked chains over independent minibatches
+    (:func:`symlib.posteriors.temperature.iid_batches`, generator seeded ``seed``), ``epochs`` epochs."""
+    check_images(setup.x, "sghmc")
+    gen = torch.Generator().manual_seed(int(seed) % (2**63))
+    for b in _temp.iid_batches(gen, m, setup.x, setup.y, setup.recipe, setup.fill, epochs):
+        state, loss = rule.step(state, b)
+        loop.check_finite_loss(loss, b.step, list(range(m)), "sghmc")
+        on_step(b, state, loss)
+        pb.update(1)
+    return state
+
+
+class _Thermometer:
+    """The correction's gradient-noise estimate (refreshed every epoch) and the measurement of the effective
+    and kinetic temperatures of stacked chains (:mod:`symlib.posteriors.temperature`)."""
+
+    def __init__(self, setup, seeds: list[int], n_batches: int, correction: bool, eta: float, alpha: float,
+                 temperature: float, names: list[str] | None = None):
+        self.setup, self.seeds, self.k, self.names = setup, seeds, n_batches, names
+        self.correction, self.eta, self.alpha, self.t = correction, eta, alpha, temperature
+        self.t_eff: list[torch.Tensor] = []
+        self.v2 = None
+        self.n_v2 = 0
+
+    def noise(self, theta: Params, epoch: int, purpose: int) -> torch.Tensor:
+        """``(M, D)`` gradient-noise variances at ``theta``, from minibatches of stream ``(epoch, purpose)``
+        (0: the correction's estimate, 1: the measurement, independent of it)."""
+        off = (2 * epoch + purpose) * 1000
+        return _temp.gradient_noise(self.setup, theta, [s + off for s in self.seeds], self.k)
+
+    def estimate(self, theta: Params, epoch: int) -> Params | None:
+        """The correction's :math:`\\hat V` as tensors shaped like ``theta``, or ``None`` (no correction)."""
+        if not self.correction:
+            return None
+        v = self.noise(theta, epoch, 0)
+        shapes = {k: tuple(theta[k].shape[1:]) for k in (self.names or theta)}
+        return {k: t.to(theta[k].dtype) for k, t in unflatten(v, shapes).items()}
+
+    def measure(self, theta: Params, epoch: int, noise_var: Params | None) -> None:
+        """Record :math:`T_{\\mathrm{eff}}` of every chain at ``theta``."""
+        nv = None if noise_var is None else flatten(noise_var).double()
+        noise = self.noise(theta, epoch, 1)
+        self.t_eff.append(_temp.effective_temperature(noise, self.eta, self.alpha, self.t, nv))
+
+    def velocity(self, v: Params) -> None:
+        """Accumulate :math:`v^2 / \\eta` of every chain (after burn-in)."""
+        t = _temp.kinetic_temperature(v, self.eta)
+        self.v2 = t if self.v2 is None else self.v2 + t
+        self.n_v2 += 1
+
+    def results(self) -> dict[str, list[float]]:
+        te = torch.stack(self.t_eff) if self.t_eff else None
+        return {
+            "effective_temperature": te.mean(0).tolist() if te is not None else [],
+            "effective_temperature_min": te.min(0).values.tolist() if te is not None else [],
+            "effective_temperature_max": te.max(0).values.tolist() if te is not None else [],
+            "kinetic_temperature": (self.v2 / max(self.n_v2, 1)).tolist() if self.v2 is not None else [],
+        }
+
+
 def _draw(
     req: Request,
     *,
+    setting: str = "corrected",
     lr: float | None = None,
-    alpha: float = 0.1,
+    alpha: float | None = None,
+    correction: bool | None = None,
+    noise_batches: int = 16,
     temperature: float = 1.0,
     burn_in: int | None = None,
     thin: int = 1,
@@ -131,23 +234,35 @@ def _draw(
     augmentation and the prior :math:`\\lambda = N\\,wd`.
 
     Args:
+        setting: ``"corrected"`` (default: gradient-noise correction, friction 0.3) or ``"paper"`` (no
+            correction, friction 0.1), :data:`SETTINGS`; ``alpha`` and ``correction`` override it.
         lr: step size as a per-example learning rate, :math:`\\eta = lr / N` (default: the recipe's final
             learning rate, where the base models ended).
-        alpha: friction :math:`\\alpha` (momentum ``1 - alpha``; 0.1).
+        alpha: friction :math:`\\alpha` (momentum ``1 - alpha``).
+        correction: subtract the measured gradient noise from the injected noise (Chen et al. 2014).
+        noise_batches: minibatches per estimate of the gradient noise (the correction's, every epoch, and
+            the temperature measurement's, at every kept sample).
         temperature: :math:`T` (1: the Bayesian posterior).
         burn_in: epochs discarded first (default: ``recipe.epochs // 2`` from base models, ``recipe.epochs``
             from initialisation).
         thin: epochs between kept samples.
 
     Returns:
-        The samples (``method="sghmc"``), diagnostics: mean training loss of each chain over the kept part.
+        The samples (``method="sghmc"``); diagnostics per chain: the mean training loss over the kept part,
+        the effective temperature (mean, min and max over the kept samples) and the kinetic temperature.
     """
     setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {sorted(SETTINGS)}, got {setting!r}")
+    alpha = SETTINGS[setting]["alpha"] if alpha is None else alpha
+    correction = SETTINGS[setting]["correction"] if correction is None else bool(correction)
     rec = setup.recipe
     lr = rec.lr_at(rec.epochs - 1) if lr is None else lr
     check_positive(lr=lr, temperature=temperature, thin=thin)
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"friction alpha must be in (0, 1], got {alpha!r}")
+    if isinstance(noise_batches, bool) or not isinstance(noise_batches, int) or noise_batches < 2:
+        raise ValueError(f"noise_batches must be an integer >= 2, got {noise_batches!r}")
     if rec.weight_decay <= 0:
         raise ValueError(
             f"SGHMC needs a proper Gaussian prior, but the recipe's weight decay (prior precision / N) is "
@@ -163,6 +278,7 @@ def _draw(
     eta = lr / n_train
     chain_seeds = base_seeds(n_modes, req.seed)
     *data_seeds, noise_seed = stream_seeds(n_modes + 1, req.seed, "sghmc")
+    thermo_seeds = stream_seeds(n_modes, req.seed, "sghmc-gradient-noise")
     epochs = burn_in + thin * n_per_mode
     keep = {burn_in + thin * (j + 1) - 1 for j in range(n_per_mode)}  # epochs after which to keep
     gen = generator(noise_seed, setup.device)
@@ -174,6 +290,8 @@ def _draw(
             theta = {k: base[k].clone() for k in _train.OPTUNET_SHAPES}
         else:
             theta = init_stacked(setup, chain_seeds)
+        thermo = _Thermometer(setup, thermo_seeds, noise_batches, correction, eta, alpha, temperature)
+        rule = _Stacked(**rule_args, arch=setup.arch, noise_var=thermo.estimate(theta, 0))
         kept: list[Params] = []
         run = torch.zeros(n_modes, dtype=torch.float64)
         cnt = [0]
@@ -182,21 +300,26 @@ def _draw(
             if b.epoch >= burn_in:
                 run.add_(loss.detach().double().cpu())
                 cnt[0] += 1
-            if b.last_in_epoch and b.epoch in keep:
-                kept.append({k: t.clone() for k, t in state[0].items()})
+                thermo.velocity(state[1])
+            if b.last_in_epoch:
+                if b.epoch in keep:
+                    kept.append({k: t.clone() for k, t in state[0].items()})
+                    thermo.measure(state[0], b.epoch, rule.noise_var)
+                if b.epoch + 1 < epochs:
+                    rule.noise_var = thermo.estimate(state[0], b.epoch + 1)
 
         state = (theta, {k: torch.zeros_like(t) for k, t in theta.items()})
         with bar(steps, f"sghmc ({n_modes} chains stacked)", enabled=req.progress, unit="step") as pb:
-            theta, _ = loop.run(_Stacked(**rule_args, arch=setup.arch), state, data_seeds, setup.x, setup.y,
-                                rec, fill=setup.fill[0], epochs=epochs, what="sghmc", on_step=record, bar=pb)
+            theta, _ = _walk(rule, state, data_seeds[0], n_modes, setup, epochs, record, pb)
         for t in theta.values():
             if not torch.isfinite(t).all():
                 raise FloatingPointError("sghmc: the chains diverged (non-finite weights); lower lr")
         losses = (run / max(cnt[0], 1)).tolist()
+        temps = thermo.results()
         # kept: n_per_mode dicts of (M, ...) -> mode-major (M * n_per_mode, ...)
         params = {k: torch.stack([s[k] for s in kept], 1).flatten(0, 1) for k in kept[0]}
     else:
-        per_chain, losses = [], []
+        per_chain, losses, chain_temps = [], [], []
         with bar(steps * n_modes, "sghmc (chains one by one)", enabled=req.progress, unit="step") as pb:
             for i in range(n_modes):
                 if from_base:
@@ -204,39 +327,63 @@ def _draw(
                 else:
                     model = new_module(setup, seed=chain_seeds[i])
                 model.train()
+                thermo = _Thermometer(setup, [thermo_seeds[i]], noise_batches, correction, eta, alpha,
+                                      temperature, names=[k for k, _ in model.named_parameters()])
+
+                def params_of(m):  # the whole state (buffers too), as one stacked model
+                    return {k: v[None] for k, v in state_of(m).items()}
+
+                def squeeze(nv):
+                    return None if nv is None else {k: t[0] for k, t in nv.items()}
+
+                rule = _Module(**rule_args, noise_var=squeeze(thermo.estimate(params_of(model), 0)))
                 samples_i, acc = [], [0.0, 0]
 
-                def record(b: _train.Batch, state, loss: torch.Tensor, samples_i=samples_i, acc=acc) -> None:
+                def record(b: _train.Batch, state, loss: torch.Tensor, samples_i=samples_i, acc=acc,
+                           thermo=thermo, rule=rule) -> None:
                     if b.epoch >= burn_in:
                         acc[0], acc[1] = acc[0] + float(loss), acc[1] + 1
-                    if b.last_in_epoch and b.epoch in keep:
-                        samples_i.append(state_of(state[0]))
+                        thermo.velocity({k: t[None] for k, t in state[1].items()})
+                    if b.last_in_epoch:
+                        p = params_of(state[0])
+                        if b.epoch in keep:
+                            samples_i.append(state_of(state[0]))
+                            nv = rule.noise_var
+                            nv = None if nv is None else {k: t[None] for k, t in nv.items()}
+                            thermo.measure(p, b.epoch, nv)
+                        if b.epoch + 1 < epochs:
+                            rule.noise_var = squeeze(thermo.estimate(p, b.epoch + 1))
 
                 v = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
-                loop.run(_Module(**rule_args), (model, v), [data_seeds[i]], setup.x, setup.y, rec,
-                         fill=setup.fill, epochs=epochs, what="sghmc", on_step=record, bar=pb)
+                _walk(rule, (model, v), data_seeds[i], 1, setup, epochs, record, pb)
                 per_chain.extend(samples_i)
                 losses.append(acc[0] / max(acc[1], 1))
+                chain_temps.append(thermo.results())
         params = stack(per_chain)
+        temps = {k: [t[k][0] for t in chain_temps if t[k]] for k in chain_temps[0]}
     return SampleSet(
         params=params,
         method="sghmc",
         n_modes=n_modes,
         n_per_mode=n_per_mode,
         hyper={
+            "setting": setting,
             "lr": lr,
             "eta": eta,
             "alpha": alpha,
+            "correction": correction,
+            "noise_batches": noise_batches,
             "temperature": temperature,
             "burn_in_epochs": burn_in,
             "thin_epochs": thin,
             "prior_precision": setup.prior_precision,
             "n_train": n_train,
             "batch_size": rec.batch_size,
+            "crop_padding": rec.crop_padding,
             "start": "base models" if from_base else "initialisation",
             "noise_std": math.sqrt(2.0 * alpha * eta * temperature),
         },
-        diagnostics={"mean_loss_after_burn_in": losses},
+        diagnostics={"mean_loss_after_burn_in": losses, **temps},
     )
 
 

@@ -92,10 +92,12 @@ class Moments:
 
     @property
     def dev(self) -> torch.Tensor:
+        """The kept deviations :math:`D`, ``(M, K, d)``."""
         return torch.stack(self.devs, 1)
 
     @property
     def var(self) -> torch.Tensor:
+        r"""The diagonal variance :math:`\overline{\theta^2} - \bar\theta^2`, ``(M, d)`` (not clamped)."""
         return self.sq_mean - self.mean**2
 
 

@@ -47,6 +47,28 @@ from fractions import Fraction
 
 import torch
 
+__all__ = [
+    "METRICS",
+    "NLL_EPS",
+    "N_BINS",
+    "SUM_ATOL",
+    "accuracy",
+    "aupr",
+    "average_precision",
+    "brier",
+    "check_labels",
+    "check_probs",
+    "ece",
+    "entropy",
+    "evaluate",
+    "fpr95",
+    "fpr_at_tpr",
+    "mutual_information",
+    "nll",
+    "ood_score",
+    "predictive",
+]
+
 SUM_ATOL = 1e-3
 """Largest accepted :math:`|\\sum_c p_c - 1|`: float32 softmax outputs are off by ~1e-7 per class, logits or
 unnormalised scores by far more."""

@@ -11,6 +11,7 @@ threads. ``benchmarks/pairwise_mi.py`` times it against a per-pair loop.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -282,6 +283,17 @@ def _check_probs_quick(p: torch.Tensor) -> None:
     check_probs(p, "p")
 
 
+def _blas_one_thread():
+    """One BLAS thread while the worker threads run (``threadpoolctl``, where installed): numpy's dot
+    products inside them (the entropies' rows exceed OpenBLAS's threading threshold) would otherwise each
+    start OpenBLAS's own threads, ``workers x cores`` threads on the cores."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # not a dependency of symlib itself
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _in_threads(fn, items: list, workers: int, pbar=None) -> None:
     """``fn(item)`` for every item, on ``workers`` threads (one: this thread); ``pbar`` counts the items."""
     if workers == 1 or len(items) == 1:
@@ -290,7 +302,9 @@ def _in_threads(fn, items: list, workers: int, pbar=None) -> None:
             if pbar is not None:
                 pbar.update(1)
         return
-    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="pairwise_mi") as pool:
+    with _blas_one_thread(), ThreadPoolExecutor(
+        max_workers=min(workers, len(items)), thread_name_prefix="pairwise_mi"
+    ) as pool:
         for future in as_completed([pool.submit(fn, item) for item in items]):
             future.result()  # re-raises a worker's error
             if pbar is not None:

@@ -33,6 +33,8 @@ from symlib import progress as _progress
 from symlib import training as _train
 from symlib.params import Params
 
+__all__ = ["probs"]
+
 Arch = str | Callable[[], nn.Module] | nn.Module
 
 # BatchNorm's step counter does not change what an eval-mode network computes.

@@ -6,10 +6,16 @@ r"""Removing symmetries a posteriori (book: chapter "A gentle example"; paper Ap
   factor pushed from the layer before.
 * :func:`sort` removes permutations: the neurons of each layer are ordered by a
   key of their incoming weights (``"first"``: the first weight, paper App. C.2;
-  ``"max"``: the largest weight, the most stable key of paper §5.2), first layer
-  first. ``by="outgoing"`` orders by outgoing weights, last layer first, as the
-  paper's Figure 1 does for display.
-* :func:`canonicalize` chains them: normalise, then sort.
+  ``"max"``: the largest weight, the most stable key of paper §5.2; ``"sum"``:
+  their sum), first layer first. ``by="outgoing"`` orders by outgoing weights,
+  last layer first, as the paper's Figure 1 does for display.
+* :func:`canonicalize` chains them: normalise, then sort. Norms, scalings and keys
+  are computed in float64 whatever the input's dtype (cast back once at the end).
+* :func:`margins` says how unambiguous the order is: per label, the smallest
+  relative gap between neighbouring keys. In float32 the input is known to a
+  relative 6e-8, and a wide layer (thousands of neurons) can have neighbours
+  closer than that: their order, hence the canonical form of the tensors that
+  label acts on, may differ between ``theta`` and ``g . theta``.
 * :func:`fix_softmax_shift` removes the softmax additive symmetry.
 
 Real architectures (specs from :func:`symlib.symmetry.trace.spec_of`, paper App. D.4):
@@ -40,11 +46,25 @@ from symlib.symmetry.spec import Action, Params, Spec, SymmetryError
 
 
 def _per_neuron(theta: Params, spec: Spec, a: Action, nb: int) -> torch.Tensor:
-    """Parameter ``a.param`` with its acted axis moved right after the batch dims and the rest flattened
+    """Parameter ``a.param`` as one row per entry of the label, ``(*batch, n, rest)``: the slice of the axis
+    the action covers, its ``inner`` entries per label entry and every other axis flattened into the row
     (grouped convolution weights are made dense first, :func:`symlib.symmetry.ops.dense_weight`)."""
     t = ops.dense_weight(theta, spec, a.param) if a.groups != 1 else theta[a.param]
-    t = t.movedim(nb + a.axis, nb)
-    return t.reshape(*t.shape[: nb + 1], -1)
+    start, stop = spec.span(a)
+    t = t.narrow(nb + a.axis, start, stop - start).movedim(nb + a.axis, nb)
+    n = (stop - start) // a.inner
+    return t.reshape(*t.shape[:nb], n, -1)
+
+
+def _float64(theta: Params) -> Params:
+    """``theta`` with every floating tensor in float64 (the same tensors when they already are)."""
+    return {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in theta.items()}
+
+
+def _like(out: Params, theta: Params) -> Params:
+    """``out`` cast back to the dtypes of ``theta``."""
+    return {k: v.to(theta[k].dtype) if k in theta and v.dtype != theta[k].dtype else v
+            for k, v in out.items()}
 
 
 def _topological(labels: list[str], deps: dict[str, set[str]], what: str, fix: str) -> list[str]:
@@ -82,11 +102,11 @@ def scale_order(spec: Spec) -> list[str]:
 def perm_order(spec: Spec, by: str = "incoming", key: str = "first") -> list[str]:
     """Permutation labels, each after the labels permuting the other axes of its sort key's weight.
 
-    Only the ``"first"`` key depends on that order; ``"max"`` is invariant to
-    the other axes' permutations and keeps the forward (or backward) order.
+    Only the ``"first"`` key depends on that order; ``"max"`` and ``"sum"`` are
+    invariant to the other axes' permutations and keep the forward (or backward) order.
     """
     labels = list(spec.perms) if by == "incoming" else list(reversed(spec.perms))
-    if key == "max":
+    if key in ("max", "sum"):
         return labels
     deps = {}
     for label in labels:
@@ -99,12 +119,15 @@ def perm_order(spec: Spec, by: str = "incoming", key: str = "first") -> list[str
 
 
 def neuron_norms(theta: Params, spec: Spec, label: str, p: float = 2.0) -> torch.Tensor:
-    """p-norm of the incoming weights of each neuron of scaling label ``label``: ``(*batch, n)``."""
+    """p-norm of the incoming weights of each neuron of scaling label ``label``: ``(*batch, n)``, float64."""
     nb = len(spec.batch_shape(theta))
     acts = spec.incoming(label, "scale")
     if not acts:
         raise SymmetryError(f"scaling label {label!r} has no incoming weights in the spec")
-    total = sum(_per_neuron(theta, spec, a, nb).abs().pow(p).sum(-1) for a in acts)
+    def power(x):  # |x|^p; for p = 2 one pass (the same numbers as abs().pow(2))
+        return x.square() if p == 2 else x.abs().pow(p)
+
+    total = sum(power(_per_neuron(theta, spec, a, nb).to(torch.float64)).sum(-1) for a in acts)
     return total.pow(1.0 / p)
 
 
@@ -119,7 +142,8 @@ def normalize(theta: Params, spec: Spec, p: float = 2.0, check: bool = True) -> 
 
     .. math:: \lambda_{\ell,i} = \lVert W_\ell[i,:] \rVert_p^{-1}, \quad \ell = 1, \dots, L-1,
 
-    computed layer after layer on the already rescaled network.
+    computed layer after layer on the already rescaled network, in float64 (norms
+    and scalings; the result is cast back to the input's dtype).
 
     Args:
         theta: parameters, optionally with leading batch dims.
@@ -132,11 +156,17 @@ def normalize(theta: Params, spec: Spec, p: float = 2.0, check: bool = True) -> 
         SymmetryError: non-ReLU activations, NaN weights, or a dead neuron whose
             incoming weights are all zero (no scale can normalise it).
     """
+    out = _like(_normalize64(theta, spec, p), theta)
+    return _finish(spec, theta, out, check, f"normalize(p={p})")
+
+
+def _normalize64(theta: Params, spec: Spec, p: float) -> Params:
+    """:func:`normalize` without the check, every floating tensor returned in float64."""
     spec.require_scaling()
     if not p > 0:
         raise ValueError(f"p must be positive, got {p}")
     _check.validate(theta, spec)
-    out = dict(theta)
+    out = _float64(theta)
     for label in scale_order(spec):
         norms = neuron_norms(out, spec, label, p)
         dead = norms == 0
@@ -147,7 +177,10 @@ def normalize(theta: Params, spec: Spec, p: float = 2.0, check: bool = True) -> 
                 "symlib.symmetry.minmass which fixes their scale explicitly."
             )
         out = ops.scale(out, spec, {label: 1.0 / norms})
-    return _finish(spec, theta, out, check, f"normalize(p={p})")
+    return out
+
+
+KEYS = ("max", "first", "sum")
 
 
 def _quantize(k: torch.Tensor, rel: float = 1e-9) -> torch.Tensor:
@@ -156,38 +189,82 @@ def _quantize(k: torch.Tensor, rel: float = 1e-9) -> torch.Tensor:
     return torch.round(k / unit)
 
 
-def _key(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> torch.Tensor:
-    """Each neuron's rank in the sort order of ``label``: ``(*batch, n)``, a permutation of 0..n-1.
-
-    The primary key is the first or the largest incoming (outgoing) weight. Ties,
-    which occur in degenerate layers (e.g. after a width-1 layer every normalised
-    incoming weight is +-1), are broken lexicographically by keys that are just
-    as invariant: the neuron's bias, the sum of its incoming weights and the sum
-    of its outgoing weights (sums over the axes other labels permute).
-    """
+def _keys(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> list[torch.Tensor]:
+    """The sort keys of ``label``'s neurons, primary first, ``(*batch, n)`` float64 each (:func:`_key`)."""
     acts = spec.incoming(label, "perm") if by == "incoming" else spec.outgoing(label, "perm")
     if not acts:
         raise SymmetryError(f"permutation label {label!r} has no {by} weights to sort by")
-    if key not in ("first", "max"):
-        raise ValueError(f"key must be 'first' or 'max', got {key!r}")
-    w = _per_neuron(theta, spec, acts[0], nb)
-    keys = [w[..., 0] if key == "first" else w.amax(-1)]
+    if key not in KEYS:
+        raise ValueError(f"key must be one of {KEYS}, got {key!r}")
+
+    def rows(a):
+        return _per_neuron(theta, spec, a, nb).to(torch.float64)
+
+    w = rows(acts[0])
+    keys = [w.amax(-1) if key == "max" else w[..., 0] if key == "first" else w.sum(-1)]
     biases = [a for a in spec.actions if a.perm == label and a.power > 0 and a.param not in spec.weights
               and len(spec.shapes[a.param]) == 1]
-    keys += [theta[a.param] for a in biases]
+    keys += [rows(a).sum(-1) for a in biases]
     for side in (spec.incoming(label, "perm"), spec.outgoing(label, "perm")):
         if side:
-            keys.append(sum(_per_neuron(theta, spec, a, nb).sum(-1) for a in side))
-    # Keys equal up to rounding (e.g. +-1 after normalisation) must tie, not be ordered by the noise.
-    keys = [_quantize(k) for k in keys]
+            keys.append(sum(rows(a).sum(-1) for a in side))
+    return keys
+
+
+def _lexicographic(keys: list[torch.Tensor]) -> torch.Tensor:
+    """The stable lexicographic order of the quantized ``keys`` (primary first): ``(*batch, n)`` indices."""
     order = keys[-1].argsort(dim=-1, stable=True)
     for k in reversed(keys[:-1]):
         order = torch.gather(order, -1, torch.gather(k, -1, order).argsort(dim=-1, stable=True))
-    return order.argsort(dim=-1).to(w.dtype)
+    return order
 
 
-def sort_perms(theta: Params, spec: Spec, key: str = "max", by: str = "incoming") -> dict[str, torch.Tensor]:
-    """The permutations that :func:`sort` applies, one per label (``(*batch, n)`` each)."""
+def _key(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> torch.Tensor:
+    """Each neuron's rank in the sort order of ``label``: ``(*batch, n)``, a permutation of 0..n-1.
+
+    The primary key is the largest (``"max"``), the first (``"first"``) or the sum
+    (``"sum"``) of the incoming (outgoing) weights, computed in float64. Ties, which
+    occur in degenerate layers (e.g. after a width-1 layer every normalised
+    incoming weight is +-1), are broken lexicographically by keys that are just
+    as invariant: the neuron's bias, the sum of its incoming weights and the sum
+    of its outgoing weights (sums over the axes other labels permute). Keys equal
+    to 1e-9 of their largest magnitude tie; neurons equal on every key keep
+    their order (a stable sort), which is deterministic for a given input.
+    """
+    keys = [_quantize(k) for k in _keys(theta, spec, label, key, by, nb)]
+    return _lexicographic(keys).argsort(dim=-1).to(torch.float64)
+
+
+def _gaps(keys: list[torch.Tensor], first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """Relative gap between neurons ``first`` and ``second`` (``(*batch, m)`` indices each) on the key that
+    decides their order: the first key on which they differ, divided by that key's largest magnitude over
+    the label; 0 where they tie on every key."""
+    out = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+    open_ = torch.ones(first.shape, dtype=torch.bool, device=first.device)
+    for k in keys:
+        q = _quantize(k)
+        unit = k.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(k.dtype).tiny)
+        gap = (torch.gather(k, -1, second) - torch.gather(k, -1, first)).abs() / unit
+        differs = torch.gather(q, -1, second) != torch.gather(q, -1, first)
+        out = torch.where(open_ & differs, gap, out)
+        open_ = open_ & ~differs
+    return out
+
+
+def _margin(keys: list[torch.Tensor], step: torch.Tensor, blocks: int = 1) -> torch.Tensor:
+    """Smallest :func:`_gaps` between neurons that ``step`` puts next to each other (inside a block),
+    ``(*batch,)``; ``inf`` for a label of one neuron per block."""
+    n = step.shape[-1]
+    k = n // blocks
+    pos = torch.arange(n - 1, device=step.device)
+    pairs = pos[(pos % k) != k - 1]
+    if not len(pairs):
+        return torch.full(step.shape[:-1], float("inf"), dtype=torch.float64, device=step.device)
+    return _gaps(keys, step[..., pairs], step[..., pairs + 1]).amin(-1)
+
+
+def _sort_perms(theta, spec: Spec, key: str, by: str, margins: dict | None = None) -> dict[str, torch.Tensor]:
+    """:func:`sort_perms`; with ``margins`` a dict, also fills it with :func:`margins` per label."""
     if by not in ("incoming", "outgoing"):
         raise ValueError(f"by must be 'incoming' or 'outgoing', got {by!r}")
     nb = len(_check.validate(theta, spec))
@@ -196,22 +273,39 @@ def sort_perms(theta: Params, spec: Spec, key: str = "max", by: str = "incoming"
     ties = spec.tie_classes()
     decided: set[str] = set()
     for label in perm_order(spec, by, key):
-        keys = _key(cur, spec, label, key, by, nb)
+        raw = _keys(cur, spec, label, key, by, nb)
+        ranks = _lexicographic([_quantize(k) for k in raw]).argsort(dim=-1).to(torch.float64)
+        groups = spec.blocks[label][0] if label in spec.blocks else 1
         if label not in spec.blocks:
-            step = {label: keys.argsort(dim=-1, stable=True)}
+            step = {label: ranks.argsort(dim=-1, stable=True)}
         else:
-            step = _block_sort(keys, spec, label, ties, decided)
-        cur = ops.permute(cur, spec, step)
+            step = _block_sort(ranks, spec, label, ties, decided)
+        if margins is not None:
+            margins[label] = _margin(raw, step[label], groups)
+            if "blocks" in step:  # the label ordered the blocks of its tie by their top neurons
+                margins[label] = torch.minimum(margins[label], _margin(raw, step.pop("blocks")))
+        step.pop("blocks", None)
+        # A "max" or "sum" key does not depend on how the other axes are ordered: only the block moves
+        # of the labels still to sort (grouped ties) change their keys; "first" needs every step.
+        if key == "first" or len(step) > 1:
+            cur = ops.permute(cur, spec, step)
         for k, p in step.items():
             perms[k] = torch.gather(perms[k], -1, p) if k in perms else p
     return perms
+
+
+def sort_perms(theta: Params, spec: Spec, key: str = "max", by: str = "incoming") -> dict[str, torch.Tensor]:
+    """The permutations that :func:`sort` applies, one per label (``(*batch, n)`` each)."""
+    return _sort_perms(theta, spec, key, by)
 
 
 def _block_sort(keys, spec: Spec, label: str, ties, decided: set[str]) -> dict[str, torch.Tensor]:
     """Sort a grouped label inside its groups; order the groups too if its tie is not decided yet.
 
     Returns the step permutations: ``label``'s and, when it orders the groups,
-    the block permutations of the other labels of its tie.
+    the block permutations of the other labels of its tie, and under ``"blocks"``
+    the neurons that decided the order of the groups (each group's top neuron, in
+    the new order of the groups).
     """
     groups, tie = spec.blocks[label]
     n = keys.shape[-1]
@@ -219,11 +313,13 @@ def _block_sort(keys, spec: Spec, label: str, ties, decided: set[str]) -> dict[s
     blocks = keys.reshape(*keys.shape[:-1], groups, k)
     inner = blocks.argsort(dim=-1, stable=True)
     base = torch.arange(groups, device=keys.device)
+    top = None
     if tie is None or tie in decided:
         sigma = base.expand(*keys.shape[:-1], groups)
     else:
         sigma = blocks.amax(-1).argsort(dim=-1, stable=True)
         decided.add(tie)
+        top = torch.gather(inner[..., -1] + base * k, -1, sigma)
     src = torch.gather(inner, -2, sigma[..., None].expand(inner.shape))
     step = {label: (sigma[..., None] * k + src).reshape(keys.shape)}
     if tie is not None and not bool((sigma == base).all()):
@@ -232,6 +328,8 @@ def _block_sort(keys, spec: Spec, label: str, ties, decided: set[str]) -> dict[s
                 m = spec.perms[other] // groups
                 within = torch.arange(m, device=keys.device)
                 step[other] = (sigma[..., None] * m + within).reshape(*keys.shape[:-1], groups * m)
+    if top is not None:
+        step["blocks"] = top
     return step
 
 
@@ -241,14 +339,29 @@ def sort(theta: Params, spec: Spec, key: str = "max", by: str = "incoming", chec
     Args:
         theta: parameters, optionally with leading batch dims.
         spec: the architecture's symmetries.
-        key: ``"first"`` (first incoming weight, paper App. C.2) or ``"max"``
-            (largest incoming weight, paper §5.2).
+        key: ``"max"`` (largest incoming weight, paper §5.2), ``"first"`` (first
+            incoming weight, paper App. C.2) or ``"sum"`` (sum of the incoming
+            weights: an average of many weights, the most robust to rounding in
+            float32 for wide layers; see :func:`margins`). Keys are computed in float64.
         by: ``"incoming"`` (layers first to last) or ``"outgoing"`` (last to
             first, the display order of the paper's Figure 1).
         check: verify the function is unchanged.
     """
     out = ops.permute(theta, spec, sort_perms(theta, spec, key=key, by=by))
     return _finish(spec, theta, out, check, f"sort(key={key!r}, by={by!r})")
+
+
+def _scaled64(theta: Params, spec: Spec, p: float, scaling: str | None) -> Params:
+    """The first step of :func:`canonicalize`, every floating tensor in float64."""
+    if scaling == "normalize":
+        return _normalize64(theta, spec, p)
+    if scaling == "minmass":
+        from symlib.symmetry import minmass as _minmass  # the unique lightest member of the orbit, Prop. 2
+
+        return _minmass.minmass(_float64(theta), spec, check=False).theta
+    if scaling is not None:
+        raise ValueError(f"scaling must be 'normalize', 'minmass' or None, got {scaling!r}")
+    return _float64(theta)
 
 
 def canonicalize(
@@ -264,27 +377,52 @@ def canonicalize(
 
     ``canonicalize(act(g, theta)) == canonicalize(theta)`` for every group
     element ``g`` unless two neurons of a layer tie on every sort key (primary
-    key, bias, incoming and outgoing sums), as exact duplicates do.
+    key, bias, incoming and outgoing sums), as exact duplicates do. Norms,
+    scalings and keys are computed in float64 from the input (the result is cast
+    back to its dtype once). In float32 the input itself is only known to a
+    relative 6e-8: where two neurons' keys are closer than that, no procedure can
+    tell which comes first, and ``g . theta`` may sort them differently from
+    ``theta``. :func:`margins` reports, per label, how close the nearest two are.
 
     Args:
+        key: ``"max"``, ``"first"`` or ``"sum"`` (:func:`sort`).
         scaling: ``"normalize"`` (unit p-norm neurons), ``"minmass"`` (the
             lightest network of the scaling orbit, :mod:`symlib.symmetry.minmass`;
             BatchNorm networks must be folded first), or ``None`` to keep
             scales (e.g. for tanh networks, which only have permutations).
     """
-    out = theta
-    if scaling == "normalize":
-        out = normalize(out, spec, p=p, check=False)
-    elif scaling == "minmass":
-        from symlib.symmetry import (
-            minmass as _minmass,  # the unique lightest member of the orbit paper Prop. 2,
-        )
-
-        out = _minmass.minmass(out, spec, check=False).theta
-    elif scaling is not None:
-        raise ValueError(f"scaling must be 'normalize', 'minmass' or None, got {scaling!r}")
-    out = sort(out, spec, key=key, by=by, check=False)
+    work = _scaled64(theta, spec, p, scaling)
+    out = _like(ops.permute(work, spec, sort_perms(work, spec, key=key, by=by)), theta)
     return _finish(spec, theta, out, check, "canonicalize")
+
+
+def margins(
+    theta: Params,
+    spec: Spec,
+    p: float = 2.0,
+    key: str = "max",
+    by: str = "incoming",
+    scaling: str | None = "normalize",
+) -> dict[str, torch.Tensor]:
+    r"""How unambiguous the canonical form is: per permutation label, the smallest relative gap between
+    two neurons that :func:`canonicalize` (same arguments) puts next to each other.
+
+    For neighbours :math:`i, j` in the sorted order, the gap is
+    :math:`|k_i - k_j| / \max_l |k_l|` on the first key on which they differ
+    (the primary key unless they tie on it); the margin is the smallest gap over
+    the label (inside each group for a grouped label, and between the groups'
+    top neurons where the label orders the groups). Rounding the input to a
+    relative :math:`\epsilon` (:math:`2^{-24} \approx 6 \times 10^{-8}` in float32)
+    moves keys by about that much, so a label whose margin is not well above it
+    (say below :math:`10^{-6}` in float32) may sort differently for ``theta`` and
+    ``act(g, theta)``. A margin of 0 means two neurons tie on every key.
+
+    Returns:
+        ``label -> (*batch,)`` float64 margins (``inf`` for a label of one neuron per group).
+    """
+    out: dict[str, torch.Tensor] = {}
+    _sort_perms(_scaled64(theta, spec, p, scaling), spec, key, by, margins=out)
+    return {label: out[label] for label in spec.perms if label in out}
 
 
 def fix_softmax_shift(theta: Params, spec: Spec, total: float = 1.0) -> Params:

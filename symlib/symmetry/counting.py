@@ -149,6 +149,8 @@ def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
         }]
     )
     frame["groups"] = frame["groups"].astype("Int64")
+    # exact integers (no float rounding) where shown, <NA> where only the log10 is
+    frame["permutations"] = frame["permutations"].astype("Int64")
     return frame
 
 

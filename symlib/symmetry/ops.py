@@ -119,6 +119,22 @@ def _grouped(v: torch.Tensor, a, spec: Spec) -> torch.Tensor:
     return per_row.reshape(*per_row.shape, *(1,) * (len(shape) - 2))
 
 
+def _on_slice(t: torch.Tensor, a, spec: Spec, fn) -> torch.Tensor:
+    """``t`` with ``fn`` applied to the slice of the axis that action ``a`` acts on (``Action.start``)."""
+    d = t.ndim - len(spec.shapes[a.param]) + a.axis
+    start, stop = spec.span(a)
+    if start == 0 and stop == t.shape[d]:
+        return fn(t)
+    rest = t.shape[d] - stop
+    parts = (t.narrow(d, 0, start), fn(t.narrow(d, start, stop - start)), t.narrow(d, stop, rest))
+    return torch.cat(parts, d)
+
+
+def _entries(v: torch.Tensor, a) -> torch.Tensor:
+    """A per-label ``(*batch, n)`` vector spread over the ``n * inner`` entries of the action's slice."""
+    return v.repeat_interleave(a.inner, dim=-1) if a.inner != 1 else v
+
+
 def scale(theta: Params, spec: Spec, scales: dict[str, torch.Tensor]) -> Params:
     r"""Apply positive scalings: ``theta[param] <- lam ** power * (theta + offset) - offset``
     along each action's axis (``offset`` is 0 except for BatchNorm running variances)."""
@@ -132,8 +148,12 @@ def scale(theta: Params, spec: Spec, scales: dict[str, torch.Tensor]) -> Params:
         if a.groups != 1:
             factor = _grouped(lam, a, spec) ** a.power
         else:
-            factor = _along(lam, a.axis, len(spec.shapes[a.param]), t) ** a.power
-        out[a.param] = (t + a.offset) * factor - a.offset if a.offset else t * factor
+            factor = _along(_entries(lam, a), a.axis, len(spec.shapes[a.param]), t) ** a.power
+
+        def apply(x, factor=factor, offset=a.offset):
+            return (x + offset) * factor - offset if offset else x * factor
+
+        out[a.param] = apply(t) if a.groups != 1 else _on_slice(t, a, spec, apply)
     return out
 
 
@@ -154,8 +174,20 @@ def permute(theta: Params, spec: Spec, perms: dict[str, torch.Tensor]) -> Params
             continue
         t = out[a.param]
         nb = t.ndim - len(spec.shapes[a.param])
-        idx = _along(perms[a.perm], a.axis, len(spec.shapes[a.param]), t)
-        out[a.param] = torch.gather(t, nb + a.axis, idx.expand(t.shape))
+        p = perms[a.perm]
+        if a.inner != 1:  # label entry i moves the block of entries i*inner ... (i+1)*inner - 1
+            p = (p[..., :, None] * a.inner + torch.arange(a.inner, device=p.device)).flatten(-2)
+        if p.ndim == 1:  # one element for every network: a plain index_select (much faster than gather)
+
+            def gather(x, p=p, d=nb + a.axis):
+                return x.index_select(d, p.to(x.device))
+        else:
+            idx = _along(p, a.axis, len(spec.shapes[a.param]), t)
+
+            def gather(x, idx=idx, d=nb + a.axis):
+                return torch.gather(x, d, idx.expand(x.shape))
+
+        out[a.param] = _on_slice(t, a, spec, gather)
     for a in grouped:
         t = out[a.param]
         nb = t.ndim - len(spec.shapes[a.param])
@@ -300,8 +332,9 @@ def compose(g2: Element, g1: Element, spec: Spec) -> Element:
     perms = {k: torch.gather(g1.perms[k], -1, g2.perms[k]) for k in spec.perms}
     scales = {}
     for k in spec.scales:
-        p1 = g1.perms[spec.perm_of_scale(k)]
-        scales[k] = torch.gather(g2.scales[k], -1, invert_perm(p1)) * g1.scales[k]
+        label = spec.perm_of_scale(k)  # None: channels that no permutation moves
+        s2 = g2.scales[k] if label is None else torch.gather(g2.scales[k], -1, invert_perm(g1.perms[label]))
+        scales[k] = s2 * g1.scales[k]
     return Element(perms, scales)
 
 
@@ -310,9 +343,10 @@ def inverse(g: Element, spec: Spec) -> Element:
     batch, dtype, device = _ref(g)
     g = _full(g, spec, batch, dtype, device)
     perms = {k: invert_perm(p) for k, p in g.perms.items()}
-    scales = {
-        k: torch.gather(1.0 / s, -1, g.perms[spec.perm_of_scale(k)]) for k, s in g.scales.items()
-    }
+    scales = {}
+    for k, s in g.scales.items():
+        label = spec.perm_of_scale(k)
+        scales[k] = 1.0 / s if label is None else torch.gather(1.0 / s, -1, g.perms[label])
     return Element(perms, scales)
 
 

@@ -65,6 +65,16 @@ class Action:
             ``theta' = lam ** power * (theta + offset) - offset``. A BatchNorm
             running variance uses ``offset = eps``, which makes the absorbed
             scaling exact: ``var + eps`` scales by ``lam ** 2``.
+        start: the label acts on the slice of the axis that begins at ``start``
+            (0: the axis begins with it). A concatenation ``torch.cat([a, b], 1)``
+            gives ``b``'s label ``start = a.shape[1]`` on the next layer's input axis.
+        inner: each entry of the label covers ``inner`` consecutive entries of the
+            axis: entry ``i`` acts on ``start + i*inner ... start + (i+1)*inner - 1``.
+            A ``C x H x W`` map flattened into a linear layer's ``C*H*W`` inputs
+            gives the channel label ``inner = H*W`` on that layer's input axis.
+            The slice ``start ... start + n*inner - 1`` (``n`` the label's size)
+            must lie in the axis; an action alone on its axis with ``start = 0``
+            and ``inner = 1`` covers it whole.
     """
 
     param: str
@@ -74,6 +84,13 @@ class Action:
     power: int = 0
     groups: int = 1
     offset: float = 0.0
+    start: int = 0
+    inner: int = 1
+
+    @property
+    def plain(self) -> bool:
+        """Whether the action covers its whole axis entry by entry (no slice, no blocks, no groups)."""
+        return self.start == 0 and self.inner == 1 and self.groups == 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +112,9 @@ class Spec:
         output_bias: the last layer's bias, carrier of the softmax additive
             symmetry (paper App. C.1.3), or ``None``.
         no_scaling: why a hidden layer has no scaling symmetry (e.g. a tanh
-            activation), keyed by layer; scaling code refuses such networks.
+            activation), keyed by layer; scaling code refuses such networks
+            (:meth:`with_partial_scalings` keeps the scalings that hold and lifts
+            the refusal, :meth:`without_scalings` drops every scaling).
         forward: ``forward(theta, x)`` evaluates one network (no batch dims),
             used by the functional check; ``None`` for a spec without a model.
         input_shape: shape of one input sample, for the functional check.
@@ -134,20 +153,62 @@ class Spec:
                     f"grouped action on {a.param!r} must be on axis 1 of a weight whose {shape[0]} "
                     f"output channels split into {a.groups} groups"
                 )
+            if a.groups != 1 and (a.start != 0 or a.inner != 1):
+                raise SymmetryError(f"grouped action on {a.param!r} cannot also act on a slice or blocks")
+            if a.start < 0 or a.inner < 1:
+                raise SymmetryError(f"action on {a.param!r}: start must be >= 0 and inner >= 1")
             for label, sizes in ((a.perm, self.perms), (a.scale, self.scales)):
-                if label is not None and sizes.get(label) != shape[a.axis] * a.groups:
+                if label is None:
+                    continue
+                n = sizes.get(label)
+                ok = n is not None and (
+                    n == shape[a.axis] * a.groups if a.groups != 1
+                    else a.start + n * a.inner <= shape[a.axis]
+                )
+                if not ok:
                     raise SymmetryError(
-                        f"label {label!r} of size {sizes.get(label)} acts on axis {a.axis} "
+                        f"label {label!r} of size {n} acts on axis {a.axis} "
                         f"of {a.param!r}, which has size {shape[a.axis]}"
                         + (f" x {a.groups} groups" if a.groups != 1 else "")
+                        + (f" (from entry {a.start}, {a.inner} entries each)" if not a.plain else "")
                     )
+        self._check_slices()
         for label, (g, _) in self.blocks.items():
             if label not in self.perms or g < 1 or self.perms[label] % g:
                 raise SymmetryError(
                     f"blocks of {label!r}: {g} groups do not divide a permutation label of this spec"
                 )
 
+    def _check_slices(self) -> None:
+        """Labels of one kind on one axis act on disjoint slices; one plain action covers its axis."""
+        by_axis: dict[tuple[str, int, str], list[tuple[int, int, Action]]] = {}
+        for a in self.actions:
+            for kind, label, sizes in (("perm", a.perm, self.perms), ("scale", a.scale, self.scales)):
+                if label is not None:
+                    span = (a.start, a.start + sizes[label] * a.inner, a)
+                    by_axis.setdefault((a.param, a.axis, kind), []).append(span)
+        for (param, axis, kind), spans in by_axis.items():
+            spans.sort(key=lambda x: x[:2])
+            if len(spans) == 1 and spans[0][2].plain and spans[0][1] != self.shapes[param][axis]:
+                raise SymmetryError(
+                    f"{kind} label of size {spans[0][1]} acts on axis {axis} of {param!r}, which has size "
+                    f"{self.shapes[param][axis]}"
+                )
+            for (_, stop, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+                if start < stop:
+                    raise SymmetryError(
+                        f"{kind} labels {getattr(a, kind)!r} and {getattr(b, kind)!r} overlap on axis {axis} "
+                        f"of {param!r}: labels of one kind act on disjoint slices of an axis"
+                    )
+
     # ----------------------------------------------------------------- queries
+    def span(self, a: Action) -> tuple[int, int]:
+        """The slice ``(start, stop)`` of ``a.param``'s axis ``a.axis`` that action ``a`` acts on (of the
+        dense weight's axis for a grouped convolution, :func:`symlib.symmetry.ops.dense_weight`)."""
+        if a.groups != 1:
+            return 0, self.shapes[a.param][a.axis] * a.groups
+        n = self.perms[a.perm] if a.perm is not None else self.scales[a.scale]
+        return a.start, a.start + n * a.inner
     def batch_shape(self, theta: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
         """Leading batch dimensions of ``theta`` (a stack of networks), checked."""
         missing = [k for k in self.shapes if k not in theta]
@@ -198,11 +259,34 @@ class Spec:
         """Raise a clear error when some hidden layer has no scaling symmetry."""
         if self.no_scaling:
             layer, why = next(iter(self.no_scaling.items()))
+            more = f" (and {len(self.no_scaling) - 1} more layers)" if len(self.no_scaling) > 1 else ""
             raise SymmetryError(
                 f"scaling symmetries need positively homogeneous activations (ReLU, LeakyReLU, "
-                f"max/avg pooling), but layer {layer!r} {why}. Permutations still apply; "
-                "for scalings use a ReLU network."
+                f"max/avg pooling), but layer {layer!r} {why}{more}. Permutations still apply: "
+                "spec_of(model, input_shape, scalings='none') (or spec.without_scalings()) gives the "
+                "permutation-only spec; scalings='partial' (or spec.with_partial_scalings()) keeps the "
+                "scalings of the layers where they hold."
             )
+
+    def without_scalings(self) -> Spec:
+        """The permutation-only spec: every scaling label dropped (valid for any activation)."""
+        actions = tuple(
+            dataclasses.replace(a, scale=None, power=a.power, offset=0.0)
+            for a in self.actions if a.perm is not None
+        )
+        return dataclasses.replace(self, scales={}, actions=actions, no_scaling={})
+
+    def with_partial_scalings(self) -> Spec:
+        """The spec with the scalings that hold, without refusing scaling operations.
+
+        The scaling labels of a spec are exact symmetries wherever they are
+        declared; ``no_scaling`` only lists the layers whose activation (e.g.
+        tanh, SiLU) fixed a scale, and makes scaling operations refuse the spec
+        so that nobody mistakes a partial group for the full one. This drops
+        that list: ``ops.random_element``, ``canonical.normalize`` and min-mass
+        then act on the labels that scale.
+        """
+        return dataclasses.replace(self, no_scaling={})
 
     def groups_of(self, param: str) -> int:
         """Number of groups of a grouped convolution weight ``param`` (1 for any other parameter)."""
@@ -216,6 +300,7 @@ class Spec:
         return out
 
     def with_forward(self, forward, input_shape) -> Spec:
+        """The same spec with a ``forward(theta, x)`` and an input shape for the functional check."""
         return dataclasses.replace(self, forward=forward, input_shape=tuple(input_shape))
 
 
@@ -223,7 +308,7 @@ class Spec:
 _HOMOGENEOUS = (torch.nn.ReLU, torch.nn.LeakyReLU, torch.nn.Identity)
 
 
-def mlp_spec(model: torch.nn.Sequential) -> Spec:
+def mlp_spec(model: torch.nn.Sequential, scalings: str = "auto") -> Spec:
     """Spec of an ``nn.Sequential`` of ``Linear`` layers and element-wise activations.
 
     Hidden layer ``l`` (the output of the ``l``-th Linear, 0-based) gets labels
@@ -233,6 +318,8 @@ def mlp_spec(model: torch.nn.Sequential) -> Spec:
 
     Args:
         model: the network, e.g. :class:`symlib.models.MLP`.
+        scalings: ``"auto"``, ``"partial"`` or ``"none"``, as in
+            :func:`symlib.symmetry.trace.spec_of`.
 
     Returns:
         The spec, with ``forward`` set to evaluate the model functionally.
@@ -283,7 +370,18 @@ def mlp_spec(model: torch.nn.Sequential) -> Spec:
         no_scaling=no_scaling,
     )
     in_features = shapes[f"{linears[0]}.weight"][1]
-    return spec.with_forward(functional_forward(model), (in_features,))
+    return with_scalings(spec, scalings).with_forward(functional_forward(model), (in_features,))
+
+
+def with_scalings(spec: Spec, scalings: str) -> Spec:
+    """``spec`` as is (``"auto"``), with partial scalings (``"partial"``) or without scalings (``"none"``)."""
+    if scalings == "auto":
+        return spec
+    if scalings == "partial":
+        return spec.with_partial_scalings()
+    if scalings == "none":
+        return spec.without_scalings()
+    raise ValueError(f"scalings must be 'auto', 'partial' or 'none', got {scalings!r}")
 
 
 def functional_forward(model: torch.nn.Module) -> Callable[[Params, torch.Tensor], torch.Tensor]:

@@ -4,7 +4,8 @@
 * :mod:`~symlib.training.plans`: what a seed determines (initialisation, data order, crops, mini-batches);
 * :mod:`~symlib.training.optunet`: the OptuNet forward and backward passes of stacked models;
 * :mod:`~symlib.training.stacked`: the stacked trainer (:func:`train_stacked`) and its step;
-* :mod:`~symlib.training.plain`: the plain one-model loop it is tested against;
+* :mod:`~symlib.training.plain`: the plain one-model loop it is tested against, and :func:`train_seeds`,
+  one run of any ``nn.Module`` per seed, stacked (a checkpoint set of one's own network);
 * :mod:`~symlib.training.loop`: one loop over stacked mini-batches with an update rule (the posterior
   methods' SGD, SWAG, VI and SGHMC steps).
 
@@ -20,7 +21,7 @@ from symlib.training.optunet import (
     optunet_loss_grads,
     step_function,
 )
-from symlib.training.plain import evaluate_model, train_plain
+from symlib.training.plain import evaluate_model, train_plain, train_seeds
 from symlib.training.plans import (
     DATA_ORDER,
     Batch,
@@ -63,5 +64,6 @@ __all__ = [
     "step_function",
     "streams",
     "train_plain",
+    "train_seeds",
     "train_stacked",
 ]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from symlib.params import Params
-from symlib.training.plans import Batch, minibatches
+from symlib.training.plans import Batch, check_images, minibatches
 from symlib.training.recipe import Recipe
 from symlib.training.stacked import loss_and_grads, sgd_step
 
@@ -37,7 +37,10 @@ __all__ = ["ModuleSGD", "Rule", "StackedSGD", "check_finite_loss", "run"]
 class Rule(Protocol):
     """An update rule: ``step(state, batch) -> (state, loss)``, ``loss`` one value per model ``(M,)``."""
 
-    def step(self, state: Any, batch: Batch) -> tuple[Any, torch.Tensor]: ...
+    def step(self, state: Any, batch: Batch) -> tuple[Any, torch.Tensor]:
+        """One update from ``state`` on ``batch``: the new state and the batch's loss, one value per model
+        ``(M,)`` (:func:`run` stops when one is not finite)."""
+        ...
 
 
 def check_finite_loss(loss: torch.Tensor, step: int, seeds: Sequence[int], what: str) -> None:
@@ -85,7 +88,9 @@ def run(
 
     Raises:
         FloatingPointError: a model's loss is NaN or infinite (naming the step and the model's seed).
+        ValueError: training images with NaN or infinite pixels (checked once, before the first step).
     """
+    check_images(x, what)
     for batch in minibatches(seeds, x, y, recipe, fill, epochs):
         state, loss = rule.step(state, batch)
         check_finite_loss(loss, batch.step, seeds, what)
@@ -114,9 +119,11 @@ class StackedSGD:
     mask: Callable[[Batch], torch.Tensor | None] | None = None
 
     def init(self, params: Params) -> tuple[Params, Params | None]:
+        """The initial state: the stacked parameters and no momentum buffers yet."""
         return dict(params), None
 
     def step(self, state: tuple[Params, Params | None], batch: Batch):
+        """Loss and gradient of every model on its own batch, then one SGD step (see :class:`Rule`)."""
         theta, bufs = state
         mask = self.mask(batch) if self.mask is not None else None
         loss, grads = loss_and_grads(theta, batch.x, batch.y, self.arch, feat_mask=mask)
@@ -140,6 +147,8 @@ class ModuleSGD:
     _opt: torch.optim.Optimizer | None = dataclasses.field(default=None, repr=False)
 
     def init(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The initial state: ``model`` in training mode, with a fresh ``torch.optim.SGD`` over its
+        parameters."""
         r = self.recipe
         self._opt = torch.optim.SGD(
             model.parameters(), lr=r.lr, momentum=r.momentum, weight_decay=r.weight_decay, nesterov=r.nesterov
@@ -147,6 +156,8 @@ class ModuleSGD:
         return model.train()
 
     def step(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.nn.Module, torch.Tensor]:
+        """Cross-entropy of the model on ``batch.x[0]``, its backward pass and one optimiser step (none when
+        the loss is not finite, so that :func:`run` can stop on it)."""
         if self._opt is None:
             self.init(model)
         for g in self._opt.param_groups:

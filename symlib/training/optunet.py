@@ -40,6 +40,19 @@ import torch.nn.functional as F
 
 from symlib.params import Params
 
+__all__ = [
+    "OPTUNET_SHAPES",
+    "STACKED_FORWARD",
+    "STACKED_GRADS",
+    "STACKED_IMPLS",
+    "conv_matrix_index",
+    "optunet_forward",
+    "optunet_loss_grads",
+    "place",
+    "place_grad",
+    "step_function",
+]
+
 OPTUNET_SHAPES = {
     "conv1.weight": (2, 1, 4, 4),
     "conv2.weight": (10, 1, 5, 5),

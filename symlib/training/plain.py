@@ -1,8 +1,11 @@
-r"""The plain single-model loop: one ``nn.Module``, ``torch.optim.SGD`` (book: "Checkpoint zoos").
+r"""The plain single-model loop: one ``nn.Module``, ``torch.optim.SGD`` (book: "Checkpoint zoos",
+"symlib on your own network").
 
 :func:`train_plain` sees exactly the batches and crops of the stacked trainer for the same seed
 (:mod:`symlib.training.plans`); it is the reference the stacked trainer is tested and benchmarked
-against, and the trainer of the paper-scale ResNet recipes.
+against, and the trainer of the paper-scale ResNet recipes. :func:`train_seeds` runs it once per seed
+for any architecture, side by side on CPU threads, and stacks the results: a small checkpoint set of
+one's own network.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symlib.params import Params
-from symlib.training.plans import crop, epoch_plans, pad_images
+from symlib.params import Params, stack
+from symlib.training.plans import crop, epoch_plans, init_model, pad_images
 from symlib.training.recipe import Recipe
+
+__all__ = ["evaluate_model", "train_plain", "train_seeds"]
 
 
 def train_plain(
@@ -31,14 +36,15 @@ def train_plain(
     on_step: Callable[[int, Params], None] | None = None,
 ) -> nn.Module:
     """The plain loop: one ``nn.Module``, ``torch.optim.SGD`` and the same batches and crops as
-    :func:`train_stacked` for ``seed``. Trains (and returns) a deep copy; ``model`` is not modified.
+    :func:`~symlib.training.stacked.train_stacked` for ``seed``. Trains (and returns) a deep copy;
+    ``model`` is not modified.
 
     This is the reference the stacked trainer is tested and benchmarked against, and the trainer of
     the paper-scale ResNet recipes.
 
     ``on_step``, if given, is called after every optimiser step with the global step index (from 0)
     and the model's state (``state_dict`` names, parameters and buffers) stacked with a leading axis
-    of size 1 and detached, as :func:`train_stacked` passes its models (e.g. a
+    of size 1 and detached, as :func:`~symlib.training.stacked.train_stacked` passes its models (e.g. a
     :class:`symlib.paper.permfreq.PermutationTracker`). The tensors are views of the live model: read them,
     do not modify them, and copy what you keep.
     """
@@ -71,6 +77,73 @@ def train_plain(
             if max_steps is not None and step >= max_steps:
                 return model
     return model
+
+
+def train_seeds(
+    make_model: Callable[[], nn.Module],
+    seeds: Sequence[int],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    recipe: Recipe,
+    fill: float | Sequence[float] = 0.0,
+    epochs: int | None = None,
+    workers: int | None = None,
+) -> Params:
+    r"""Train one copy of any architecture per seed and stack them: a checkpoint set ``{name: (S, ...)}``.
+
+    Seed ``s`` draws the initial weights of ``make_model()`` from its initialisation stream
+    (:func:`symlib.training.plans.init_model`) and its data order and crops from its data stream, and
+    trains with :func:`train_plain`; the runs are independent, as the paper's target posterior assumes.
+    The result holds every entry of the ``state_dict`` (parameters and buffers, e.g. BatchNorm running
+    statistics), detached, in the order of ``seeds``, ready for :func:`symlib.mmd`, :func:`symlib.act`
+    or :func:`symlib.canonicalize`.
+
+    On a CPU the runs go side by side on ``workers`` threads with one intra-op thread each (small
+    networks spend their time in thread synchronisation otherwise). Each run is computed with one
+    intra-op thread whatever ``workers`` is, so the weights do not depend on it (float32 convolutions
+    reduce in another order with more threads), unless the model draws random numbers in ``forward``
+    (dropout uses PyTorch's global generator, shared by the threads). The initial weights of every
+    seed are drawn first, on the calling thread: PyTorch's initialisers draw from the global generator,
+    which threads seeding it at the same time would share.
+
+    Args:
+        make_model: builds the untrained network, e.g. the class of one's ``nn.Module``.
+        seeds: one run per seed.
+        x, y: training images ``(N, C, H, W)`` and labels ``(N,)``, on the device to train on.
+        recipe: the SGD recipe (:class:`~symlib.training.recipe.Recipe`).
+        fill: value of the padding of random crops (per channel or one number).
+        epochs: train for this many epochs instead of ``recipe.epochs``.
+        workers: threads on a CPU (default ``torch.get_num_threads()``, at most one per seed); 1 on CUDA.
+
+    Returns:
+        The stacked state dicts of the trained networks.
+    """
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("train_seeds needs at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct (equal seeds give identical runs), got {seeds}")
+
+    def run(job: tuple[int, nn.Module]) -> Params:
+        seed, model = job
+        trained = train_plain(model, seed, x, y, recipe, fill=fill, epochs=epochs)
+        return {k: v.detach().clone() for k, v in trained.state_dict().items()}
+
+    if workers is None:
+        workers = torch.get_num_threads() if x.device.type == "cpu" else 1
+    k = max(1, min(int(workers), len(seeds)))
+    jobs = [(s, init_model(make_model, s)) for s in seeds]  # one thread draws every initialisation
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if k == 1:
+            return stack([run(job) for job in jobs])
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            return stack(list(pool.map(run, jobs)))
+    finally:
+        torch.set_num_threads(before)
 
 
 @torch.no_grad()

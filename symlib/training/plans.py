@@ -23,6 +23,20 @@ from torch import nn
 from symlib.params import Params
 from symlib.training.recipe import Recipe
 
+__all__ = [
+    "DATA_ORDER",
+    "Batch",
+    "check_images",
+    "crop",
+    "epoch_plan",
+    "epoch_plans",
+    "init_model",
+    "init_params",
+    "minibatches",
+    "pad_images",
+    "streams",
+]
+
 
 def streams(seed: int) -> tuple[int, int]:
     """Two independent 63-bit seeds derived from ``seed``: (initialisation, data order and augmentation)."""
@@ -133,6 +147,22 @@ def epoch_plans(
     return perms, augs
 
 
+def check_images(x: torch.Tensor, what: str = "training") -> None:
+    """Refuse training images with NaN or infinite pixels, naming the first ones (once per run: one pass
+    over the data). The compiled CPU step would not notice them (its max-pool's comparison skips NaN, so
+    the loss stays finite), while the PyTorch path propagates NaN: either way the run would be wrong."""
+    if not x.is_floating_point():
+        return
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        rows = bad.reshape(x.shape[0], -1).any(1).nonzero().flatten().tolist()
+        raise ValueError(
+            f"{what}: {len(rows)} training image(s) hold NaN or infinite pixels (indices {rows[:10]}"
+            f"{'...' if len(rows) > 10 else ''}); fix or drop them before training (check how the data "
+            f"was loaded and normalised)"
+        )
+
+
 def pad_images(x: torch.Tensor, padding: int, fill: float | Sequence[float] = 0.0) -> torch.Tensor:
     """Images ``(N, C, H, W)`` padded by ``padding`` pixels of ``fill`` (a number or one per channel)."""
     if not padding:
@@ -214,7 +244,8 @@ def minibatches(
     fill: float | Sequence[float] = 0.0,
     epochs: int | None = None,
 ):
-    """The mini-batches of ``M = len(seeds)`` independent runs, as :func:`train_stacked` sees them.
+    """The mini-batches of ``M = len(seeds)`` independent runs, as
+    :func:`~symlib.training.stacked.train_stacked` sees them.
 
     Every model draws its own data order and crops from its seed's data stream (:func:`streams`), one
     epoch at a time, so any loop over these batches (SGD, SWAG, VI, SGHMC) sees exactly the batches of
@@ -223,7 +254,7 @@ def minibatches(
     Args:
         seeds: one seed per model.
         x, y: training images ``(N, C, H, W)`` and labels ``(N,)``, on the device to train on.
-        recipe: batch size, augmentation and the learning-rate schedule (reported in :attr:`Batch.lr`).
+        recipe: batch size, augmentation and the learning-rate schedule (reported in ``Batch.lr``).
         fill: value of the padding pixels.
         epochs: number of epochs (default ``recipe.epochs``).
 

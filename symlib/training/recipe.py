@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+__all__ = ["OPTUNET_MNIST", "RESNET18_CIFAR100", "RESNET18_TINYIMAGENET", "Recipe"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:

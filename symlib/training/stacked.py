@@ -21,8 +21,10 @@ import torch.nn.functional as F
 
 from symlib.params import Params
 from symlib.training.optunet import STACKED_FORWARD, optunet_loss_grads_native, step_function
-from symlib.training.plans import batch_plans, crop_rows, cutter, pad_images
+from symlib.training.plans import batch_plans, check_images, crop_rows, cutter, pad_images
 from symlib.training.recipe import Recipe
+
+__all__ = ["evaluate_stacked", "loss_and_grads", "sgd_step", "train_stacked"]
 
 
 def sgd_step(
@@ -61,9 +63,9 @@ def loss_and_grads(
     Args:
         params: stacked parameters ``{name: (M, ...)}``.
         x: ``(M, B, C, H, W)`` images; y: ``(M, B)`` labels.
-        arch: a key of :data:`STACKED_GRADS`.
+        arch: a key of :data:`~symlib.training.optunet.STACKED_GRADS`.
         feat_mask: optional dropout multiplier of the features before the last layer (see
-            :func:`optunet_loss_grads`).
+            :func:`~symlib.training.optunet.optunet_loss_grads`).
         impl: ``"native"`` (the fused compiled CPU kernel, :mod:`symlib.kernels`), ``"matmul"``
             (hand-written PyTorch products), ``"conv"`` (grouped convolutions) or ``None``: the device's
             default (``"conv"`` on CUDA, ``"native"`` on CPU where a C++ compiler is available, else
@@ -163,11 +165,12 @@ def train_stacked(
 
     Args:
         params: initial stacked parameters ``{name: (M, ...)}`` (not modified).
-        seeds: one seed per model (its data order and augmentation stream, :func:`streams`).
+        seeds: one seed per model (its data order and augmentation stream,
+            :func:`~symlib.training.plans.streams`).
         x, y: training images ``(N, C, H, W)`` and labels ``(N,)``, on the device to train on.
         recipe: optimiser, schedule and augmentation.
         fill: value of the padding pixels (black in the normalised scale).
-        arch: a key of :data:`STACKED_GRADS`.
+        arch: a key of :data:`~symlib.training.optunet.STACKED_GRADS`.
         epochs: train for this many epochs (default ``recipe.epochs``).
         max_steps: stop after this many steps in total (for tests).
         on_epoch: called with the epoch index after every epoch (progress bars).
@@ -186,7 +189,11 @@ def train_stacked(
 
     Returns:
         The trained stacked parameters.
+
+    Raises:
+        ValueError: training images with NaN or infinite pixels (checked once, before the first step).
     """
+    check_images(x, "train_stacked")
     fn = step_function(arch, impl, x.device)
     fused = None  # the kernel's entry with the crop fused into it, where it applies
     if fn is optunet_loss_grads_native and cutter(x, recipe) is crop_rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from symlib import scales as _scales
 from symlib import store
 from symlib.params import Params
 from symlib.store import MANIFEST, chunk_name
-from symlib.zoo.chunks import ZooError, read_chunk, read_manifest, write_manifest
+from symlib.zoo.chunks import ZooError, config_of, read_chunk, read_manifest, write_manifest
 from symlib.zoo.config import ZooConfig
 
 
@@ -26,9 +27,14 @@ def _check_complete(path: Path, man: dict[str, Any], cfg: ZooConfig) -> None:
         raise ZooError(f"{path / MANIFEST}: chunks {dup} listed twice")
     if missing:
         lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
+        how = (
+            f"this is shard {man['shard'][0]}/{man['shard'][1]}: merge all shards with `symlib zoo merge`"
+            if man.get("shard")
+            else f"finish it with `symlib zoo repair {path}` (it trains exactly the missing chunks)"
+        )
         raise ZooError(
             f"{path / MANIFEST}: zoo is incomplete, missing {len(lost)} models (seeds {lost[:10]}"
-            f"{'...' if len(lost) > 10 else ''}); finish it with `symlib zoo train` (or merge all shards)"
+            f"{'...' if len(lost) > 10 else ''}); {how}"
         )
 
 
@@ -55,12 +61,7 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
         raise ValueError(f"as_ must be 'stacked' or 'models', got {as_!r}")
     path = Path(path)
     man = read_manifest(path)
-    try:
-        cfg = ZooConfig.from_dict(man["config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ZooError(f"{path / MANIFEST}: bad config ({e})") from None
-    if cfg.hash != man.get("config_hash"):
-        raise ZooError(f"{path / MANIFEST}: config does not match its hash {man.get('config_hash')}")
+    cfg = config_of(path, man)
     _check_complete(path, man, cfg)
     parts = []
     for c in range(cfg.n_chunks):
@@ -82,9 +83,38 @@ def models_from_stacked(cfg: ZooConfig, stacked: Params) -> list[torch.nn.Module
         with torch.device("meta"):
             m = cfg.make_model()
         m = m.to_empty(device=dev)
-        m.load_state_dict({k: v[i] for k, v in stacked.items()})
+        try:
+            m.load_state_dict({k: v[i] for k, v in stacked.items()})
+        except RuntimeError as e:
+            raise ZooError(
+                f"the stacked weights do not fit architecture {cfg.arch!r} of the zoo's config ({e}); pass "
+                f"the config the weights were trained with"
+            ) from None
         out.append(m.eval())
     return out
+
+
+def repair(
+    path: str | os.PathLike, device: str | torch.device = "cpu", progress: bool = True
+) -> dict[str, Any]:
+    """Repair (or finish) the zoo in ``path`` from its manifest's configuration: every chunk is checked in
+    full and exactly the damaged or missing ones are retrained (the same seeds give the same weights, bit
+    for bit); valid chunks are not touched (``symlib zoo repair``).
+
+    Returns:
+        The manifest.
+
+    Raises:
+        ZooError: the manifest is missing or damaged (then rerun ``symlib zoo train ... --repair`` with
+            the arguments that trained the zoo), or a chunk belongs to another zoo.
+    """
+    import symlib.zoo as _zoo  # through the package, so that a patched ``zoo.train`` is seen
+
+    path = Path(path)
+    man = read_manifest(path)
+    cfg = config_of(path, man)
+    shard = tuple(man["shard"]) if man.get("shard") else None
+    return _zoo.train(cfg, path, shard=shard, device=device, progress=progress, repair=True)
 
 
 def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -99,13 +129,31 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
     dirs = [Path(p) for p in shard_dirs]
     if not dirs:
         raise ValueError("merge needs at least one shard directory")
-    mans = [read_manifest(p) for p in dirs]
-    cfg = ZooConfig.from_dict(mans[0]["config"])
+    mans = []
+    for p in dirs:
+        if store.kind_of(p) == "posterior":
+            raise ZooError(
+                f"{p}: holds a posterior sample set, not a zoo shard; `symlib zoo merge` combines the shards "
+                f"of one zoo (`symlib zoo train --shard K/N`): pass zoo folders only"
+            )
+        mans.append(read_manifest(p))
+    cfg = config_of(dirs[0], mans[0])
+    out = Path(out_dir)
+    old, damaged = store.check_out(out, "zoo")  # before reading (and checking) every chunk
+    if damaged or (old is not None and old.get("config_hash") != cfg.hash):
+        raise ZooError(
+            f"{out / MANIFEST}: holds {'a damaged manifest' if damaged else 'another zoo'}; choose another "
+            f"output folder"
+        )
+    store.check_owners(out, "config_hash", cfg.hash, "zoo")
     owner: dict[int, Path] = {}
     records: dict[int, list] = {}
     for p, man in zip(dirs, mans, strict=True):
-        if man["config_hash"] != cfg.hash:
-            raise ZooError(f"{p / MANIFEST}: config {man['config_hash']} differs from {dirs[0]}'s {cfg.hash}")
+        if config_of(p, man).hash != cfg.hash:
+            raise ZooError(
+                f"{p / MANIFEST}: config {man['config_hash']} differs from {dirs[0]}'s {cfg.hash}: these are "
+                f"not shards of one zoo; merge shards trained with the same --preset, --scale and --seed"
+            )
         fp = (man.get("data") or {}).get("fingerprint")
         fp0 = (mans[0].get("data") or {}).get("fingerprint")
         if fp != fp0:
@@ -126,10 +174,7 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
             f"merging {len(dirs)} shards leaves {len(lost)} models missing (chunks {missing}, "
             f"seeds {lost[:10]}{'...' if len(lost) > 10 else ''}); train the missing shards first"
         )
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).exists() and read_manifest(out)["config_hash"] != cfg.hash:
-        raise ZooError(f"{out / MANIFEST}: holds another zoo; choose another output folder")
     for c, p in sorted(owner.items()):
         src, dst = p / chunk_name(c), out / chunk_name(c)
         if src.resolve() != dst.resolve():
@@ -165,7 +210,7 @@ def load_or_train(
     Chapters share one zoo: the cache key is the preset, the scale and the config hash.
 
     Args:
-        cfg: the zoo (:func:`preset`).
+        cfg: the zoo (:func:`~symlib.zoo.config.preset`).
         device: where to train and where to put the loaded tensors.
         cache_dir: overrides ``$SYMLIB_CACHE``.
         as_: ``"stacked"`` or ``"models"`` (see :func:`load`).
@@ -177,12 +222,20 @@ def load_or_train(
     """
     if seed is not None:
         cfg = dataclasses.replace(cfg, seed=seed)
-    path = cache_path(cfg, cache_dir)
-    man = read_manifest(path) if (path / MANIFEST).exists() else None
-    if man is None or not man.get("complete"):
-        import symlib.zoo as _zoo  # through the package, so that a patched ``zoo.train`` is seen
+    import symlib.zoo as _zoo  # through the package, so that a patched ``zoo.train`` is seen
 
-        _zoo.train(cfg, path, device=device, progress=progress)
+    path = cache_path(cfg, cache_dir)
+    try:  # read only: a complete cache may be read-only (zoo.train checks the folder before writing)
+        man, damaged = (read_manifest(path) if (path / MANIFEST).exists() else None), False
+    except store.DamagedError:
+        man, damaged = None, True
+    if man is None or not man.get("complete"):
+        _zoo.train(cfg, path, device=device, progress=progress, repair=damaged)
+    try:
+        return load(path, as_=as_, device=device)
+    except store.DamagedError as e:  # a cache repairs itself: retrain exactly the damaged chunks
+        warnings.warn(f"{e.args[0].split('; ')[0]}; retraining exactly the damaged chunks", stacklevel=2)
+        _zoo.train(cfg, path, device=device, progress=progress, repair=True)
     return load(path, as_=as_, device=device)
 
 
@@ -191,7 +244,7 @@ def info(path: str | os.PathLike) -> str:
     also summarises posterior sample sets."""
     path = Path(path)
     man = read_manifest(path)
-    cfg = ZooConfig.from_dict(man["config"])
+    cfg = config_of(path, man)
     n = len(man["models"])
     lines = [
         f"zoo {path}: {man['preset']} at scale {man['scale']} (config {man['config_hash']})",

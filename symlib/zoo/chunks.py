@@ -23,9 +23,52 @@ from symlib.store import StoreError as ZooError
 from symlib.zoo.config import ZooConfig
 
 KIND = "zoo"
-REPAIR = "rerun `symlib zoo train` with the same arguments (`--out` this folder): it retrains this chunk"
 
-__all__ = ["FORMAT", "KIND", "MANIFEST", "ZooError", "read_chunk", "read_manifest", "write_manifest"]
+__all__ = [
+    "FORMAT",
+    "KIND",
+    "MANIFEST",
+    "ZooError",
+    "config_of",
+    "read_chunk",
+    "read_manifest",
+    "repair_hint",
+    "write_manifest",
+]
+
+
+DIVERGED = (
+    "these networks diverged in training (or the file was altered): this zoo cannot be used as it is; "
+    "train it again into another --out, with a smaller learning rate"
+)
+
+
+def repair_hint(folder: str | os.PathLike) -> str:
+    """How to repair a damaged or missing chunk of the zoo in ``folder``: the command to run."""
+    return (
+        f"repair the zoo with `symlib zoo repair {folder}`: it retrains exactly the damaged or missing "
+        f"chunks (the same seeds give the same weights, bit for bit)"
+    )
+
+
+def config_of(path: str | os.PathLike, man: dict[str, Any]) -> ZooConfig:
+    """The :class:`ZooConfig` a zoo manifest records, checked against its hash (a clear :class:`ZooError`
+    for a manifest that was edited or damaged)."""
+    try:
+        cfg = ZooConfig.from_dict(man["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ZooError(
+            f"{Path(path) / MANIFEST}: bad config ({type(e).__name__}: {e}); the manifest was edited or "
+            f"damaged: restore it, or rerun `symlib zoo train ... --repair` with the arguments that "
+            f"trained it"
+        ) from None
+    if cfg.hash != man.get("config_hash"):
+        raise ZooError(
+            f"{Path(path) / MANIFEST}: its config does not match its hash {man.get('config_hash')} (the "
+            f"manifest was edited); restore it, or rerun `symlib zoo train ... --repair` with the arguments "
+            f"that trained it"
+        )
+    return cfg
 
 
 def reference_shapes(cfg: ZooConfig) -> dict[str, tuple[int, ...]]:
@@ -47,7 +90,8 @@ def read_chunk(path: str | os.PathLike, cfg: ZooConfig) -> tuple[Params, list[di
             weights do not match the checksum written with them.
     """
     path = Path(path)
-    tensors, meta = store.read_chunk(path, {"config_hash": cfg.hash}, REPAIR)
+    fix = repair_hint(path.parent)
+    tensors, meta = store.read_chunk(path, {"config_hash": cfg.hash}, fix)
     c = int(meta["chunk"])
     start, stop = cfg.chunk_range(c)
     records = json.loads(meta["models"])
@@ -55,7 +99,7 @@ def read_chunk(path: str | os.PathLike, cfg: ZooConfig) -> tuple[Params, list[di
     if seeds != list(cfg.seeds[start:stop]):
         raise ZooError(f"{path}: holds seeds {seeds}, expected {list(cfg.seeds[start:stop])}")
     store.check_tensors(
-        path, tensors, reference_shapes(cfg), stop - start, f"architecture {cfg.arch!r}", seeds, REPAIR
+        path, tensors, reference_shapes(cfg), stop - start, f"architecture {cfg.arch!r}", seeds, DIVERGED
     )
     return tensors, records
 

@@ -78,6 +78,7 @@ class ZooConfig:
 
     @property
     def n_chunks(self) -> int:
+        """Number of chunk files of the whole zoo."""
         return -(-self.n_models // self.chunk)
 
     def chunk_range(self, c: int) -> tuple[int, int]:
@@ -85,6 +86,7 @@ class ZooConfig:
         return c * self.chunk, min((c + 1) * self.chunk, self.n_models)
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as JSON-able data (what manifests record and the hash covers)."""
         return dataclasses.asdict(self)
 
     @property

@@ -17,7 +17,7 @@ from symlib import store
 from symlib import training as _train
 from symlib.params import Params
 from symlib.store import FORMAT, MANIFEST, chunk_name
-from symlib.zoo.chunks import ZooError, read_chunk, read_manifest, write_manifest
+from symlib.zoo.chunks import ZooError, read_chunk, write_manifest
 from symlib.zoo.config import ZooConfig
 
 
@@ -127,20 +127,29 @@ def train(
     shard: tuple[int, int] | None = None,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    repair: bool = False,
 ) -> dict[str, Any]:
     """Train the zoo ``cfg`` (or one shard of it) into ``out_dir``, resuming what is already there.
 
-    Chunks already on disk are checked (:func:`read_chunk`) and skipped; each new chunk is written
-    atomically as soon as it is trained, and the manifest is rewritten after every chunk. Temporary
-    files left by a killed run are deleted, so only one run may write to a folder at a time (use
-    ``shard`` and separate folders to train in parallel).
+    The folder is checked before any work (:func:`symlib.store.check_out`): a file, a path under a file,
+    a read-only folder, a folder holding a sample set, another zoo or chunks of another zoo are refused
+    and nothing is written. Chunks already on disk are checked in full (:func:`read_chunk`: checksum,
+    seeds, shapes) and skipped; each new chunk is written atomically as soon as it is trained, and the
+    manifest is rewritten after every chunk. Temporary files left by a killed run are deleted, so only
+    one run may write to a folder at a time (use ``shard`` and separate folders to train in parallel).
+
+    A damaged chunk (unreadable, or its weights do not match their checksum) or a damaged manifest is
+    refused unless ``repair``: then exactly the damaged chunks are retrained (the same seeds give the same
+    weights, bit for bit) and the manifest is rebuilt from the chunks (``symlib zoo repair``,
+    :func:`symlib.zoo.repair`).
 
     Args:
-        cfg: the zoo (:func:`preset`).
+        cfg: the zoo (:func:`~symlib.zoo.config.preset`).
         out_dir: the zoo directory (created if needed).
         shard: ``(k, n)``: train only chunks ``c`` with ``c % n == k`` (``0 <= k < n``).
         device: ``"cpu"`` or ``"cuda"``.
         progress: show a tqdm bar of model-epochs (``TQDM_DISABLE=1`` hides it).
+        repair: retrain damaged chunks and rebuild a damaged manifest instead of refusing them.
 
     Returns:
         The manifest (also in ``out_dir/manifest.json``).
@@ -150,25 +159,34 @@ def train(
     dev = _scales.check_device(device)
     mine = _shard_chunks(cfg, shard)
     out = Path(out_dir)
+    # Everything about the folder is checked before any work (nothing is written if it is refused).
+    old, damaged = store.check_out(out, "zoo")
+    if old is not None and old.get("config_hash") != cfg.hash:
+        raise ZooError(
+            f"{out / MANIFEST}: this folder holds zoo {old.get('preset')}/{old.get('scale')} "
+            f"(config {old.get('config_hash')}), not {cfg.preset}/{cfg.scale} ({cfg.hash}); "
+            f"choose another --out"
+        )
+    if damaged and not repair:
+        raise ZooError(
+            f"{out / MANIFEST}: corrupt manifest; the chunks beside it may still be valid: rerun this "
+            f"command with --repair (`repair=True`): it checks every chunk, keeps the valid ones, retrains "
+            f"the damaged ones and rewrites the manifest"
+        )
+    store.check_owners(out, "config_hash", cfg.hash, "zoo")
     out.mkdir(parents=True, exist_ok=True)
-    if (out / MANIFEST).exists():
-        old = read_manifest(out)
-        if old["config_hash"] != cfg.hash:
-            raise ZooError(
-                f"{out / MANIFEST}: this folder holds zoo {old['preset']}/{old['scale']} "
-                f"(config {old['config_hash']}), not {cfg.preset}/{cfg.scale} ({cfg.hash}); "
-                f"choose another --out"
-            )
     store.remove_stale(out)  # left by a killed run (one run per folder at a time)
     records: dict[int, list] = {}
     for c in mine:
         if (out / chunk_name(c)).exists():
-            records[c] = read_chunk(out / chunk_name(c), cfg)[1]
+            try:
+                records[c] = read_chunk(out / chunk_name(c), cfg)[1]
+            except store.DamagedError as e:
+                if not repair:
+                    raise ZooError(f"{e} (or rerun this command with --repair)") from None
     todo = [c for c in mine if c not in records]
-    data_info = None
-    if (out / MANIFEST).exists():
-        data_info = read_manifest(out).get("data")
-    if todo:
+    data_info = old.get("data") if old is not None else None
+    if todo or data_info is None:
         d = load_data(cfg, dev)
         if data_info is not None and data_info.get("fingerprint") != d.info["fingerprint"]:
             raise ZooError(
@@ -191,6 +209,7 @@ def train(
         for c in todo:
             start, stop = cfg.chunk_range(c)
             theta, recs = _train_chunk(cfg, cfg.seeds[start:stop], d, dev, bar)
+            _check_finite(theta, recs, cfg)
             meta = {
                 "format": FORMAT,
                 "config_hash": cfg.hash,
@@ -201,4 +220,18 @@ def train(
             store.atomic_save(theta, out / chunk_name(c), meta)
             records[c] = recs
             write_manifest(out, cfg, done(), records, data_info, shard, mine)
-    return read_manifest(out)
+    return store.read_manifest(out, "zoo")
+
+
+def _check_finite(theta: Params, recs: list, cfg: ZooConfig) -> None:
+    """Refuse to write a chunk whose networks diverged (NaN or infinite weights), naming their seeds."""
+    bad = set()
+    for v in theta.values():
+        if v.is_floating_point():
+            bad |= set((~torch.isfinite(v)).flatten(1).any(1).nonzero().flatten().tolist())
+    if bad:
+        raise FloatingPointError(
+            f"zoo {cfg.preset}/{cfg.scale}: the networks of seeds {sorted(recs[i]['seed'] for i in bad)} "
+            f"diverged (NaN or infinite weights) with recipe lr={cfg.recipe.lr}; nothing was written for "
+            f"this chunk: lower the learning rate (a new config, so a new --out)"
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from scipy import stats
@@ -157,3 +158,29 @@ def test_tracker_records_the_size_of_each_step():
     moved["fc.bias"][1, 0] += 0.5
     tracker(0, moved)
     assert torch.allclose(tracker.result().motion, torch.tensor([[0.0, 0.5]], dtype=torch.float64))
+
+
+def test_key_gaps_by_hand():
+    # two runs of a layer of three neurons with two incoming weights each
+    w = torch.tensor([[[0.0, 1.0], [0.5, 0.2], [2.0, -1.0]],
+                      [[0.1, 0.4], [0.3, 0.0], [0.9, 0.9]]])
+    theta = {"fc.weight": w}
+    # max keys: (1.0, 0.5, 2.0) and (0.4, 0.3, 0.9): sorted gaps 0.5, 1.0, 0.1, 0.5 -> median 0.5
+    assert permfreq.key_gaps(theta, ["fc.weight"], "max") == pytest.approx(0.5)
+    # first keys: (0.0, 0.5, 2.0) and (0.1, 0.3, 0.9): gaps 0.5, 1.5, 0.2, 0.6 -> lower median 0.5
+    assert permfreq.key_gaps(theta, ["fc.weight"], "first") == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="key must be"):
+        permfreq.key_gaps(theta, ["fc.weight"], "sum")
+
+
+def test_noise_flips_grow_with_the_noise():
+    spec = trace.spec_of(models.OptuNet(), (1, 28, 28))
+    theta = train.init_params(models.OptuNet, [0, 1, 2, 3])
+    frame = permfreq.noise_flips(theta, spec, [0.0, 1e-4, 10.0], repeats=3, seed=0)
+    assert list(frame.columns) == list(permfreq.KEYS) and list(frame.index) == [0.0, 1e-4, 10.0]
+    assert (frame.loc[0.0] == 0).all()  # no noise, no change of order
+    assert ((frame >= 0) & (frame <= 1)).all().all()
+    assert (frame.loc[10.0] > frame.loc[1e-4]).all()  # noise far above the gaps reorders most layers
+    assert frame.loc[10.0].min() > 0.5
+    again = permfreq.noise_flips(theta, spec, [0.0, 1e-4, 10.0], repeats=3, seed=0)
+    pd.testing.assert_frame_equal(frame, again)

@@ -183,3 +183,68 @@ def test_layered_compare_is_mmd_table(spec):
     assert lay.pair("a", "target", "ns").m == 6
     with pytest.raises(KeyError, match="minmass"):
         lay.pair("target", "a", "minmass")
+
+
+def test_p_values_at_their_floor_read_as_bounds():
+    assert table1.p_floor(100) == 1 / 101 and table1.p_floor(200, two_sided=True) == 2 / 201
+    # at the floor a p-value means "at most 1/(B+1)": rounded up, never printed as a point value
+    assert table1.format_p(1 / 101, table1.p_floor(100)) == "\u2264 0.01"
+    assert table1.format_p(2 / 201, table1.p_floor(200, True)) == "\u2264 0.01"
+    assert table1.format_p(1 / 201, table1.p_floor(200)) == "\u2264 0.005"
+    assert table1.format_p(1 / 100, table1.p_floor(99)) == "\u2264 0.01"
+    assert table1.format_p(1 / 1001, table1.p_floor(1000)) == "\u2264 0.001"
+    assert table1.format_p(0.234, table1.p_floor(100)) == "0.23"
+    assert table1.format_p(0.02, None) == "0.02"
+    assert table1.format_p(float("nan"), 0.01) == table1.MISSING
+    with pytest.raises(ValueError):
+        table1.p_floor(0)
+
+
+def test_display_reads_like_a_paper():
+    ours = table1.paper_frame() * 1.1
+    ours.loc[("HMC", "reference"), :] = 5.0
+    tables = table1.paper_tables(ours)
+    assert [list(dict.fromkeys(t.columns.get_level_values(0))) for t in tables] == [
+        list(g) for g in table1.PAPER_GROUPS]
+    assert all(len(t) == len(ours) for t in tables)
+    assert np.isnan(tables[0].loc[("HMC", "reference"), ("MMD", "paper")])  # the frame keeps its numbers
+    html = table1.display(tables[0], uuid="t").to_html()
+    assert "nan" not in html.lower() and table1.MISSING in html  # "–" where the paper reports nothing
+    assert "multi\u2011mode" in html and "multi-mode" not in html  # labels do not wrap at the hyphen
+    assert "white-space: nowrap" in html and "overflow-x: auto" in html and 'id="T_t"' in html
+    assert ">16.5<" in html  # one decimal, as the paper
+    shown = pd.DataFrame({"MMD [95% CI]": ["56.4 [55.7, 57.1]", "0.0 [-0.1, 0.1]"], "MMD p": [1 / 101, 0.23]},
+                         index=["a", "b"])
+    html = table1.display(shown, p_columns=["MMD p"], floor=table1.p_floor(100)).to_html()
+    assert "56.4 [55.7, 57.1]" in html and "\u2264 0.01" in html and ">0.23<" in html
+
+
+def test_subsample_tests_sizes_and_bounds():
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(30, 4, generator=gen, dtype=torch.float64),)
+    y = (torch.randn(20, 4, generator=gen, dtype=torch.float64) + 3.0,)
+    pair = mmd.Pair(("l",), (4,), x, y)
+    frame = table1.subsample_tests(pair, [3, 15], repeats=4, n_permutations=49, seed=1)
+    assert list(frame.columns) == ["n", "repeat", "MMD", "p"] and len(frame) == 8
+    assert ((frame["p"] >= 1 / 50 - 1e-12) & (frame["p"] <= 1)).all()
+    # a shift of 3 standard deviations: 15 samples a side always reach the floor, 3 often do not
+    assert (frame.loc[frame["n"] == 15, "p"] == 1 / 50).all()
+    again = table1.subsample_tests(pair, [3, 15], repeats=4, n_permutations=49, seed=1)
+    pd.testing.assert_frame_equal(frame, again)
+    with pytest.raises(ValueError, match="exceeds"):
+        table1.subsample_tests(pair, [21])
+
+
+@pytest.mark.parametrize("scale", ["tiny", "cpu", "paper"])
+def test_every_planned_row_passes_through_sampling_run(scale):
+    """A row's hyper-parameters go to ``sampling.run(..., **hyper)`` beside run's own keywords: a method
+    hyper-parameter named like one of them (HMC's former ``chunk``) would fail only when the set is made."""
+    import inspect
+
+    from symlib.posteriors import sampling
+
+    own = set(inspect.signature(sampling.run).parameters) - {"hyper"}
+    for e in table1.plan(scale):
+        clash = own & set(e.hyper)
+        assert not clash, f"{e.label}: hyper-parameter(s) {sorted(clash)} shadow sampling.run's keywords"
+        sampling.method(e.method).check_hyper(dict(e.hyper))

@@ -32,20 +32,30 @@ def test_separability_check_detects_overlap():
         toy.two_gaussians(means=((0.0, 0.0), (0.0, 0.0)), max_draws=3)
 
 
+def test_overlapping_classes_keep_the_first_draw():
+    """separable=False: one draw, kept even when no line separates the classes."""
+    d = toy.two_gaussians(means=((-0.5, -0.5), (0.5, 0.5)), seed=0, separable=False)
+    assert d.draws == 1 and not toy.is_linearly_separable(d.x.numpy(), d.y.numpy())
+    sep = toy.two_gaussians(seed=0)
+    if sep.draws == 1:  # the same stream: the first draw is the same points around other means
+        torch.testing.assert_close(d.x - d.y[:, None] + 0.5, sep.x - 4 * sep.y[:, None] + 2.0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
 @pytest.mark.parametrize("widths,epochs,lr", [((2, 2, 1), 10, 2.0), ((2, 5, 3, 1), 3, 0.5)])
-def test_vectorised_training_equals_reference_loop(data, widths, epochs, lr):
-    """Same initialisation and batch order: the stacked trainer and torch.optim.SGD agree."""
+def test_vectorised_training_equals_reference_loop(data, widths, epochs, lr, activation):
+    """Same initialisation and batch order: the stacked trainer and torch.optim.SGD agree (ReLU and tanh)."""
     gen = torch.Generator().manual_seed(7)
     n = 3
     init = toy.init_mlps(widths, n, gen)
     orders = toy.batch_orders(n, len(data.x), epochs, gen)
     before = {k: v.clone() for k, v in init.items()}
     fast = toy.train_mlps(data, n, widths=widths, epochs=epochs, lr=lr, init=init, orders=orders,
-                          progress=False)
+                          progress=False, activation=activation)
     for k in init:
         assert torch.equal(init[k], before[k]), "the trainer must not modify its inputs"
     for m in range(n):
-        ref, loss = toy.train_mlp_loop(data, widths=widths, epochs=epochs, lr=lr,
+        ref, loss = toy.train_mlp_loop(data, widths=widths, epochs=epochs, lr=lr, activation=activation,
                                        init={k: v[m] for k, v in init.items()}, order=orders[:, m])
         for k in ref:
             torch.testing.assert_close(fast.theta[k][m], ref[k], rtol=1e-4, atol=1e-4)
@@ -76,6 +86,18 @@ def test_density_summary_on_known_shapes():
     assert s1.mirror_ratio < 1e-3 and s1.above_diagonal == 0.0
     assert s2.mirror_ratio > 0.8 and s2.above_diagonal == pytest.approx(0.5)
     assert abs(s1.peak[0] + 2) < 0.3 and abs(s1.peak[1] - 2) < 0.3
+    # sign flips: one mode has no flipped twin; its four reflections (an odd activation's group) do
+    flipped = np.concatenate([mirrored * [sx, sy] for sx in (1, -1) for sy in (1, -1)])
+    assert s1.flip_ratio < 1e-3 and s2.flip_ratio < 1e-3
+    assert toy.density_summary(flipped).flip_ratio > 0.8
+
+
+def test_tanh_networks_train_and_unknown_activations_are_refused(data):
+    res = toy.train_mlps(data, 50, seed=1, progress=False, activation="tanh")
+    assert (res.losses <= 0.05).float().mean() > 0.9  # the separable problem is easy for tanh too
+    torch.testing.assert_close(toy.mean_losses(res.theta, data.x, data.y, activation="tanh"), res.losses)
+    with pytest.raises(ValueError, match="activation"):
+        toy.train_mlps(data, 2, progress=False, activation="gelu")
 
 
 def test_training_rejects_bad_shapes(data):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -168,9 +169,136 @@ def test_cli_posterior_sample_and_info(tmp_path, monkeypatch, capsys):
     assert "dropout on mnist-optunet" in capsys.readouterr().out
     assert cli.main([*argv, "--modes", "3", "--samples", "4", "--out", out]) == 2
     assert "multiple of --modes" in capsys.readouterr().err
-    assert cli.main([*argv, "--samples", "2", "--out", out, "--hyper", "p=1.5"]) == 2
+    assert cli.main([*argv, "--samples", "2", "--out", out + "-p", "--hyper", "p=1.5"]) == 2
     assert "(0, 1)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         cli.main(["posterior", "sample", "--help"])
     assert e.value.code == 0 and "TOTAL number of samples" in capsys.readouterr().out
     assert store.FORMAT == zoo.FORMAT
+
+
+# ----------------------------------------------------------------------------- bad input (issue 16)
+def _no_work(monkeypatch):
+    """Training base models or drawing samples fails the test: refusals must come before any work."""
+    from symlib.posteriors import swag
+
+    def boom(*a, **k):
+        raise AssertionError("worked before refusing the input")
+
+    monkeypatch.setattr(zoo, "train", boom)
+    monkeypatch.setattr(sampling, "base_models", boom)
+    monkeypatch.setattr(swag.METHOD, "draw", boom)
+
+
+@pytest.mark.parametrize("case", ["file", "under-file", "read-only", "zoo", "other-set", "foreign-chunks"])
+def test_bad_out_folders_are_refused_before_any_sampling(case, tmp_path, tiny, monkeypatch):
+    """sampling.run checks --out before training base models or sampling (a full try once wasted 56 s
+    before `io.save` refused the folder); nothing on disk is lost or changed (issue 16, item 5)."""
+    import scenarios
+
+    out, msg = tmp_path / "out", None
+    if case == "file":
+        out.write_text("a file")
+        msg = "is a file, not a folder; choose another --out"
+    elif case == "under-file":
+        (tmp_path / "f").write_text("a file")
+        out, msg = tmp_path / "f" / "out", "lies under .*f, which is a file"
+    elif case == "read-only":
+        ro = scenarios.readonly_folder(tmp_path)
+        if ro is None:
+            pytest.skip("no read-only folder on this machine")
+        out, msg = ro / "out", "is not writable .*choose a writable --out"
+    elif case == "zoo":
+        zoo.train(_one_model_zoo(), out, progress=False)
+        msg = "holds a zoo, not a posterior sample set; choose another --out"
+    else:
+        io.save(_set(), out)
+        msg = "holds another sample set .*choose another --out"
+        if case == "foreign-chunks":
+            (out / "manifest.json").write_text("{damaged")
+            msg = "chunk-00000.safetensors: belongs to another sample set .*nothing was written"
+    before = scenarios.snapshot(tmp_path)
+    _no_work(monkeypatch)
+    with pytest.raises(store.StoreError, match=msg):
+        sampling.run("swag", tiny, 2, 2, 0, out, progress=False)
+    assert scenarios.snapshot(tmp_path) == before
+
+
+def _one_model_zoo():
+    import dataclasses
+
+    tiny = zoo.preset("mnist-optunet", "tiny")
+    return dataclasses.replace(tiny, n_models=1, n_train=32, n_test=16, recipe=tiny.recipe.scaled(1))
+
+
+def test_cli_refuses_bad_hyper_and_bad_out_first(tmp_path, monkeypatch, capsys):
+    """`--hyper bogus=1` fails before any data is loaded or model trained, listing the valid names; a bad
+    --out likewise (issue 16, items 5 and 8)."""
+    _no_work(monkeypatch)
+    monkeypatch.setattr(sampling, "setup_for", lambda *a, **k: pytest.fail("loaded the training problem"))
+    argv = ["posterior", "sample", "--method", "swag", "--preset", "mnist-optunet", "--scale", "tiny"]
+    assert cli.main([*argv, "--out", str(tmp_path / "s"), "--hyper", "bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown swag hyper-parameter(s) ['bogus']; valid: [" in err and "'rank'" in err
+    (tmp_path / "f").write_text("a file")
+    assert cli.main([*argv, "--out", str(tmp_path / "f")]) == 2
+    assert "is a file, not a folder; choose another --out" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists() and (tmp_path / "f").read_text() == "a file"
+
+
+def test_nan_samples_leave_no_folder(tmp_path):
+    bad = _set()
+    bad.params["fc.weight"][4, 0, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"'fc.weight' holds NaN or infinite values \(samples \[4\]\)"):
+        io.save(bad, tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
+def test_corrupt_manifest_is_rebuilt_from_the_valid_chunks(tmp_path, monkeypatch):
+    """A damaged manifest beside valid chunks: a rerun keeps the chunks (none rewritten) and rewrites the
+    manifest, instead of "choose another --out" (issue 16, item 9)."""
+    a = _set()
+    io.save(a, tmp_path)
+    (tmp_path / "manifest.json").write_text('{"format": "symlib-zoo/1", "kind": "post')
+    with pytest.raises(store.StoreError, match="corrupt manifest.*chunk files beside it may still be valid"):
+        symlib.load(tmp_path)
+    written = []
+    real = store.atomic_save
+    monkeypatch.setattr(store, "atomic_save", lambda t, p, m: (written.append(p.name), real(t, p, m)))
+    man = io.save(a, tmp_path)
+    assert written == [] and man["complete"]
+    assert all(torch.equal(a.params[k], v) for k, v in symlib.load(tmp_path)[0].items())
+
+
+def test_a_rerun_of_a_complete_set_removes_stale_temporaries(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path / "cache"))
+    sampling.run("ensemble", tiny, 1, 2, 0, tmp_path / "e", progress=False)
+    stale = tmp_path / "e" / ".chunk-00000.safetensors.x1y2.tmp"
+    stale.write_bytes(b"half a file")
+    _no_work(monkeypatch)
+    sampling.run("ensemble", tiny, 1, 2, 0, tmp_path / "e", progress=False)  # complete: loaded, not redone
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize("edit", ["num_classes", "arch", "arch-and-model"])
+def test_an_edited_architecture_fails_info_check(edit, tmp_path, tiny, capsys):
+    """A manifest whose architecture was changed used to pass `posterior info --check` and then fail in
+    load_state_dict; the check names the mismatch and the fix (issue 16, item 7)."""
+    io.save(_set(), tmp_path, setup=tiny)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    if edit == "num_classes":
+        man["model"]["kwargs"]["num_classes"] = 100
+        msg = "model .* does not match architecture 'optunet'"
+    elif edit == "arch":
+        man["arch"] = man["setup"]["arch"] = "resnet18"
+        msg = "model .*OptuNet.* does not match architecture 'resnet18'"
+    else:  # consistently, so that only the tensors can tell
+        man["arch"] = man["setup"]["arch"] = "resnet20"
+        man["model"] = io.model_spec("resnet20", {k: tuple(v) for k, v in man["shapes"].items()})
+        msg = r"architecture 'resnet20' \(ResNet20, .*\) does not match the tensors it records"
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    assert cli.main(["posterior", "info", str(tmp_path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(msg, err) and "rerun `symlib posterior sample` with the same arguments" in err, err
+    with pytest.raises(store.StoreError, match=msg):
+        symlib.load(tmp_path, as_="models")

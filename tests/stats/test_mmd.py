@@ -368,6 +368,55 @@ def test_errors_name_the_fix():
         mmd.mmd(mmd.prepare(t, s)).p_value()
 
 
+@pytest.mark.parametrize("where", ["target", "method"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_not_significant(where, value):
+    """A NaN or infinite weight used to give an MMD of NaN with a p-value at its floor (it looked
+    significant); prepare, table and layered refuse it, naming the tensor, the samples and the fix."""
+    t, s = gaussian_sets(10, 6)
+    bad = {k: v.clone() for k, v in (t if where == "target" else s).items()}
+    next(iter(bad.values()))[3].view(-1)[0] = value
+    t, s = (bad, s) if where == "target" else (t, bad)
+    with pytest.raises(ValueError, match=r"NaN or infinite weights \(samples \[3\] of .*drop these samples"):
+        mmd.prepare(t, s)
+    with pytest.raises(ValueError, match="NaN or infinite weights"):
+        mmd.two_sample(t, s, n_permutations=10)
+    with pytest.raises(ValueError, match="NaN or infinite weights"):
+        mmd.table(t, {"m": s}, symmetries=("raw",), progress=False)
+    with pytest.raises(ValueError, match="NaN or infinite weights"):
+        mmd.layered({"target": t, "m": s}, symmetries=("raw",))
+
+
+def test_table_refuses_a_set_of_one_sample_and_empty_sets():
+    """table skipped prepare's size check and returned NaN silently for a method set of one sample."""
+    t, s = gaussian_sets(10, 6)
+    one = {k: v[:1] for k, v in s.items()}
+    empty = {k: v[:0] for k, v in s.items()}
+    with pytest.raises(ValueError, match="method 'one' holds only 1 sample.*at least 2 samples"):
+        mmd.table(t, {"ok": s, "one": one}, symmetries=("raw",), progress=False)
+    with pytest.raises(ValueError, match="no samples \\(an empty set\\)"):
+        mmd.prepare(t, empty)
+    with pytest.raises(ValueError, match="target set holds no samples"):
+        mmd.table(empty, {"ok": s}, symmetries=("raw",), progress=False)
+    with pytest.raises(ValueError, match="at least one method"):
+        mmd.table(t, {}, progress=False)
+
+
+def test_negative_counts_and_a_difference_without_bootstrap_are_refused():
+    t, s = gaussian_sets(10, 6)
+    pair = mmd.prepare(t, s)
+    with pytest.raises(ValueError, match="n_permutations must be >= 0, got -1 \\(0: no test"):
+        mmd.mmd(pair, n_permutations=-1)
+    with pytest.raises(ValueError, match="n_bootstrap must be >= 0, got -2 \\(0: no intervals"):
+        mmd.mmd(pair, n_bootstrap=-2)
+    with pytest.raises(TypeError, match="n_permutations must be an integer"):
+        mmd.mmd(pair, n_permutations=1.5)
+    with pytest.raises(ValueError, match="n_bootstrap must be >= 0"):
+        mmd.table(t, {"m": s}, symmetries=("raw",), n_bootstrap=-1, progress=False)
+    with pytest.raises(ValueError, match="n_bootstrap must be >= 1, got 0.*pass e.g. n_bootstrap=1000"):
+        mmd.difference(pair, pair, n_bootstrap=0)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     t, s = gaussian_sets(40, 10, shift=0.2)

@@ -103,3 +103,25 @@ def test_pairwise_mi_validates_like_check_probs():
 
 
 # ---------------------------------------------------------------------------------------- bad input
+
+
+def test_pairwise_mi_worker_threads_run_one_blas_thread():
+    """Thread budget: inside pairwise_mi's worker threads numpy's BLAS runs one thread (the entropies'
+    dot products exceed OpenBLAS's threading threshold), so workers x BLAS threads stays at the workers;
+    the BLAS thread count is restored afterwards."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"}
+
+    before = blas_threads()
+    seen = []
+    real = PM._mean_entropies
+    mp = pytest.MonkeyPatch()
+    mp.setattr(PM, "_mean_entropies", lambda *a: (seen.append(blas_threads()), real(*a))[1])
+    try:
+        PM.pairwise_mi(_probs(23, 40, 10, 8, 3.0), block=700, workers=2)
+    finally:
+        mp.undo()
+    assert seen and all(s == {1} for s in seen), seen
+    assert blas_threads() == before

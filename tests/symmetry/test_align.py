@@ -136,7 +136,8 @@ def test_block_matrix_is_the_exact_cost_of_moving_blocks():
     d = align.descent.Descent(spec, *align.costs.features("kl", mean0, std0, mean1, std1, names), acts)
     labels = spec.tie_classes()["conv1"]
     inner = ops.random_element(spec, "perm", generator=torch.Generator().manual_seed(4)).perms
-    inner = {q: inner[q][align.descent._block_move(ops.invert_perm(ops.block_perm(inner[q], 5)), spec.perms[q] // 5)]
+    move = align.descent._block_move
+    inner = {q: inner[q][move(ops.invert_perm(ops.block_perm(inner[q], 5)), spec.perms[q] // 5)]
              for q in labels}  # block-preserving: side 1's blocks stay in place
     m = d.block_matrix(labels, 5, inner, {k: torch.arange(n) for k, n in spec.perms.items()})
     values = []
@@ -288,6 +289,26 @@ def test_clear_errors():
     stacked = {k: v[None] for k, v in mean.items()}
     with pytest.raises(SymmetryError, match="one network at a time"):
         align.align(stacked, stacked, spec)
+
+
+@pytest.mark.parametrize("side", ["mean0", "mean1", "std1"])
+def test_non_finite_weights_and_empty_stacks_are_refused(side):
+    """NaN weights used to reach scipy ("matrix contains invalid numeric entries"); align names the side and
+    the tensor, align_many the networks of the stack, and an empty stack is refused (it failed in
+    torch.stack)."""
+    _, spec, mean = _mlp([3, 4, 2], 0)
+    std = _std_like(mean, 1)
+    sides = {"mean0": dict(mean), "mean1": dict(mean), "std0": dict(std), "std1": dict(std)}
+    sides[side] = {k: v.clone() for k, v in sides[side].items()}
+    sides[side]["0.weight"][1, 2] = float("nan")
+    with pytest.raises(ValueError, match=rf"{side}: tensor '0.weight' holds NaN or infinite.*drop or fix"):
+        align.align(sides["mean0"], sides["mean1"], spec, sides["std0"], sides["std1"], cost="wasserstein")
+    stack = {k: v.expand(3, *v.shape).clone() for k, v in mean.items()}
+    stack["2.bias"][2, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"means: tensor '2.bias' holds NaN or inf.* \(networks \[2\]\)"):
+        align.align_many(mean, stack, spec)
+    with pytest.raises(ValueError, match="empty stack \\(0 networks\\)"):
+        align.align_many(mean, {k: v[:0] for k, v in stack.items()}, spec)
 
 
 def test_spec_from_tracing_an_mlp_agrees():

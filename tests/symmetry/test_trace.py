@@ -153,22 +153,38 @@ def test_functional_style_model():
 
 
 # -------------------------------------------------------------------- errors
-class _FlattenSpatial(nn.Module):
+class _ChannelShuffle(nn.Module):
+    """ShuffleNet's channel shuffle: a view that splits the channel axis, then a transpose."""
+
     def __init__(self):
         super().__init__()
-        self.conv, self.fc = nn.Conv2d(1, 2, 3), nn.Linear(2 * 4 * 4, 3)
+        self.a, self.b = nn.Conv2d(1, 4, 1), nn.Conv2d(4, 2, 1)
 
     def forward(self, x):
-        return self.fc(torch.flatten(torch.relu(self.conv(x)), 1))
+        h = torch.relu(self.a(x))
+        n, c, height, width = h.shape
+        h = h.view(n, 2, c // 2, height, width).transpose(1, 2).reshape(n, c, height, width)
+        return self.b(h)
 
 
-class _Concat(nn.Module):
+class _Split(nn.Module):
     def __init__(self):
         super().__init__()
-        self.a, self.b, self.fc = nn.Linear(3, 2), nn.Linear(3, 2), nn.Linear(4, 1)
+        self.a, self.b = nn.Linear(3, 4), nn.Linear(2, 1)
 
     def forward(self, x):
-        return self.fc(torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], dim=1))
+        h1, h2 = torch.relu(self.a(x)).chunk(2, dim=1)
+        return self.b(h1 * h2)
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.out = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(5, 2)
+
+    def forward(self, x):  # (batch, tokens, features)
+        scores = self.q(x) @ self.k(x).transpose(1, 2)
+        return self.out(torch.softmax(scores, -1))
 
 
 class _ControlFlow(nn.Module):
@@ -192,9 +208,11 @@ class _RawParameter(nn.Module):
 @pytest.mark.parametrize(
     "net, shape, match",
     [
-        (_FlattenSpatial(), (1, 6, 6), "pool globally first"),
-        (_Concat(), (3,), "function cat"),
-        (nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2)), (3,), "LayerNorm"),
+        (_ChannelShuffle(), (1, 4, 4), "split it"),
+        (_Split(), (3,), "split of a labelled tensor"),
+        (_Attention(), (5, 3), "function matmul"),
+        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm([2, 3, 3]), nn.Flatten(), nn.Linear(18, 2)),
+         (1, 5, 5), "LayerNorm '1' over"),
         (_ControlFlow(), (3,), "could not trace"),
         (_RawParameter(), (3,), "outside a layer"),
         (nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, track_running_stats=False)), (1, 5, 5),
@@ -203,7 +221,8 @@ class _RawParameter(nn.Module):
         (nn.Sequential(nn.Conv2d(1, 4, 1), nn.Conv2d(4, 4, 1, groups=2), nn.Conv2d(4, 4, 1, groups=4)),
          (1, 3, 3), "one group count"),
     ],
-    ids=["flatten", "cat", "layernorm", "control-flow", "raw-param", "bn-no-stats", "bad-shape", "groups"],
+    ids=["shuffle", "split", "attention", "layernorm-map", "control-flow", "raw-param", "bn-no-stats",
+         "bad-shape", "groups"],
 )
 def test_clear_errors(net, shape, match):
     with pytest.raises(SymmetryError, match=match):
@@ -211,9 +230,9 @@ def test_clear_errors(net, shape, match):
 
 
 def test_error_names_the_layer():
-    net = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2))
-    with pytest.raises(SymmetryError, match="'1'"):
-        spec_of(net, (3,))
+    net = nn.Sequential(nn.Conv2d(1, 4, 1), nn.ChannelShuffle(2), nn.Conv2d(4, 2, 1))
+    with pytest.raises(SymmetryError, match="module '1' of type ChannelShuffle"):
+        spec_of(net, (1, 3, 3))
 
 
 def test_unknown_operations_outside_the_symmetries_are_fine():

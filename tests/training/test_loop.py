@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from symlib import models
 from symlib import training as T
 from symlib.posteriors import sampling
 from symlib.training import loop
@@ -24,7 +25,7 @@ def test_stacked_sgd_through_the_loop_equals_train_stacked():
     crops in train_stacked) give the same networks in float64."""
     x, y, rec, fill = _problem()
     seeds = [3, 4, 5]
-    init = {k: v.double() for k, v in T.init_params(lambda: __import__("symlib").models.OptuNet(), seeds).items()}
+    init = {k: v.double() for k, v in T.init_params(models.OptuNet, seeds).items()}
     rule = loop.StackedSGD(rec)
     ours, _ = loop.run(rule, rule.init(init), seeds, x, y, rec, fill=fill)
     ref = T.train_stacked(init, seeds, x, y, rec, fill=fill, impl="matmul", workers=1)
@@ -34,7 +35,7 @@ def test_stacked_sgd_through_the_loop_equals_train_stacked():
 
 def test_a_diverging_run_names_step_and_seed():
     x, y, rec, fill = _problem(64)
-    init = {k: v.double() for k, v in T.init_params(lambda: __import__("symlib").models.OptuNet(), [7, 8]).items()}
+    init = {k: v.double() for k, v in T.init_params(models.OptuNet, [7, 8]).items()}
     init["fc.bias"][:] = float("nan")
     rule = loop.StackedSGD(rec)
     with pytest.raises(FloatingPointError, match=r"test run: non-finite loss at step 0 .*seed\(s\) \[7, 8\]"):

@@ -406,3 +406,60 @@ def test_loss_and_grads_worker_groups_do_not_change_the_result():
         assert g3.keys() == g1.keys()
         for k in g1:
             torch.testing.assert_close(g3[k], g1[k], rtol=1e-13, atol=1e-15)
+
+
+def test_non_finite_images_are_refused_before_training():
+    """The compiled step does not see NaN pixels (its max-pool's ``v > best`` skips them, so the loss
+    stays finite) while the PyTorch path propagates them: train_stacked and the posterior methods' loop
+    refuse such data once, before the first step, naming the images."""
+    from symlib import kernels
+    from symlib.training import loop
+
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=8)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (16,), generator=g)
+    x[5, 0, 3, 4] = float("nan")
+    x[9, 0, 0, 0] = float("inf")
+    theta = T.init_params(models.OptuNet, [1, 2])
+    msg = r"2 training image\(s\) hold NaN or infinite pixels \(indices \[5, 9\]\)"
+    if kernels.available():  # the hazard the check guards against
+        loss, _ = T.loss_and_grads(theta, x[None, :8].expand(2, -1, -1, -1, -1), y[None, :8].expand(2, -1),
+                                   impl="native", workers=1)
+        assert bool(torch.isfinite(loss).all())
+    for impl in ("native", "matmul") if kernels.available() else ("matmul",):
+        with pytest.raises(ValueError, match=msg):
+            T.train_stacked(theta, [1, 2], x, y, recipe, impl=impl, max_steps=1)
+    rule = loop.StackedSGD(recipe)
+    with pytest.raises(ValueError, match="swag: 2 training image.*fix or drop them"):
+        loop.run(rule, rule.init(theta), [1, 2], x, y, recipe, what="swag")
+
+
+def test_worker_threads_do_not_oversubscribe_the_cores(monkeypatch):
+    """Thread budget: the trainer's worker threads (one group of models each) run one intra-op thread
+    each, and the caller drops to one while they run, so torch threads x worker threads stays at the
+    caller's thread count (the cores by default); the caller's count is restored afterwards."""
+    from symlib.training import stacked
+
+    before = torch.get_num_threads()
+    seen = []
+    real = stacked.step_function
+
+    def counting(*a, **k):
+        fn = real(*a, **k)
+        return lambda *a, **k: (seen.append(torch.get_num_threads()), fn(*a, **k))[1]
+
+    monkeypatch.setattr(stacked, "step_function", counting)
+    recipe = dataclasses.replace(T.OPTUNET_MNIST, batch_size=8)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)
+    for hook in (None, lambda step, theta: seen.append(torch.get_num_threads())):
+        seen.clear()
+        T.train_stacked(T.init_params(models.OptuNet, [1, 2, 3]), [1, 2, 3], x, y, recipe, impl="matmul",
+                        workers=2, max_steps=2, on_step=hook)
+        assert seen and set(seen) == {1}, seen  # the groups' steps, and the caller during the run
+        assert torch.get_num_threads() == before
+    seen.clear()
+    T.loss_and_grads(T.init_params(models.OptuNet, [1, 2]), x[None, :8].expand(2, -1, -1, -1, -1),
+                     y[None, :8].expand(2, -1), impl="matmul", workers=2)
+    assert set(seen) == {1} and torch.get_num_threads() == before

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
+import scenarios
 import torch
 from safetensors.torch import load_file, save_file
 
+from symlib import store, zoo
 from symlib import training as T
-from symlib import zoo
 
 
 def small(**kw) -> zoo.ZooConfig:
@@ -212,3 +214,168 @@ def test_resnet_zoo_on_synthetic_data(name, tmp_path):
     assert nets[0](x).shape == (2, cfg.num_classes)
     stacked, _ = zoo.load(tmp_path)
     assert stacked["bn1.running_var"].shape[0] == 2  # buffers are stored too
+
+
+# ----------------------------------------------------------------------------- bad input, repair
+def _no_training(monkeypatch):
+    """Make any training (or loading the training data) fail the test: refusals must come first."""
+    from symlib.zoo import training
+
+    def boom(*a, **k):
+        raise AssertionError("trained (or loaded data) before refusing the folder")
+
+    monkeypatch.setattr(training, "_train_chunk", boom)
+    monkeypatch.setattr(training, "load_data", boom)
+
+
+def _bad_out(case, full, tmp_path):
+    """A bad --out for the small zoo, and the message that must name its problem and fix."""
+    from symlib.posteriors import SampleSet, io
+
+    if case == "file":
+        (tmp_path / "f").write_text("a file")
+        return tmp_path / "f", r"is a file, not a folder; choose another --out"
+    if case == "under-file":
+        (tmp_path / "f").write_text("a file")
+        return tmp_path / "f" / "zoo", r"lies under .*f, which is a file, not a folder; choose another --out"
+    if case == "read-only":
+        ro = scenarios.readonly_folder(tmp_path)
+        if ro is None:
+            pytest.skip("no read-only folder on this machine")
+        return ro / "zoo", r"is not writable .*choose a writable --out"
+    if case == "posterior":
+        io.save(SampleSet({"w": torch.ones(4, 2)}, "swag", 2, 2), tmp_path / "p")
+        return tmp_path / "p", r"holds a posterior sample set, not a zoo; choose another --out"
+    out = tmp_path / "z"
+    shutil.copytree(full, out)  # the small zoo; the run asks for another one (seed 7)
+    if case == "other-zoo":
+        return out, r"holds zoo mnist-optunet/tiny .*choose another --out"
+    (out / "manifest.json").write_text("{damaged")  # hides what the folder holds: the chunks tell
+    return out, r"chunk-00000.safetensors: belongs to another zoo .*choose another --out \(nothing was"
+
+
+BAD_OUTS = ["file", "under-file", "read-only", "posterior", "other-zoo", "foreign-chunks"]
+
+
+@pytest.mark.parametrize("case", BAD_OUTS)
+def test_bad_out_folders_are_refused_before_training(case, full, tmp_path, monkeypatch):
+    """A file, a path under a file, a read-only folder, a sample set, another zoo, chunks of another zoo
+    behind a damaged manifest: refused before any training or data loading, naming the fix, and nothing
+    on disk is lost or changed (issue 16, items 4 and 5)."""
+    out, msg = _bad_out(case, full, tmp_path)
+    before = scenarios.snapshot(tmp_path)
+    _no_training(monkeypatch)
+    with pytest.raises(zoo.ZooError, match=msg):
+        zoo.train(small(seed=7), out, progress=False, repair=True)
+    assert scenarios.snapshot(tmp_path) == before and not (out.parent / "zoo").exists()
+
+
+@pytest.mark.parametrize("case", ["file", "under-file", "posterior"])
+def test_cli_zoo_train_refuses_bad_out_before_training(case, full, tmp_path, monkeypatch, capsys):
+    from symlib import cli
+
+    out, msg = _bad_out(case, full, tmp_path)
+    before = scenarios.snapshot(tmp_path)
+    _no_training(monkeypatch)
+    argv = ["zoo", "train", "--preset", "mnist-optunet", "--scale", "tiny", "--out", str(out)]
+    assert cli.main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("symlib: error: ") and "Traceback" not in err
+    assert re.search(msg, err), err
+    assert scenarios.snapshot(tmp_path) == before
+
+
+def test_merge_refuses_sample_sets_and_bad_out(full, tmp_path, monkeypatch, capsys):
+    from symlib import cli
+    from symlib.posteriors import SampleSet, io
+
+    for name in ("p", "q"):
+        io.save(SampleSet({"w": torch.ones(4, 2) * len(name)}, "swag", 2, 2), tmp_path / name)
+    (tmp_path / "f").write_text("a file")
+    before = scenarios.snapshot(tmp_path)
+    shards = [str(tmp_path / "p"), str(tmp_path / "q")]
+    assert cli.main(["zoo", "merge", *shards, "--out", str(tmp_path / "m")]) == 2
+    assert "holds a posterior sample set, not a zoo shard" in capsys.readouterr().err
+    with pytest.raises(zoo.ZooError, match="is a file, not a folder"):
+        zoo.merge([full], tmp_path / "f")
+    with pytest.raises(zoo.ZooError, match="lies under"):
+        zoo.merge([full], tmp_path / "f" / "m")
+    assert scenarios.snapshot(tmp_path) == before and not (tmp_path / "m").exists()
+
+
+def _corrupt_one_byte(file):
+    raw = bytearray(file.read_bytes())
+    raw[-3] ^= 0x01  # one bit of the last weights: the file parses, its checksum does not match
+    file.write_bytes(bytes(raw))
+
+
+def test_repair_retrains_exactly_the_damaged_chunk(full, tmp_path, monkeypatch, capsys):
+    """A corrupt byte in one chunk: every message names `symlib zoo repair DIR`; running it retrains that
+    chunk only, and the zoo loads bit-identical to before the damage (issue 16, item 6)."""
+    from symlib import cli
+
+    z = tmp_path / "z"
+    shutil.copytree(full, z)
+    ref, _ = zoo.load(z)
+    bad = z / "chunk-00002.safetensors"
+    _corrupt_one_byte(bad)
+    repair = re.escape(f"`symlib zoo repair {z}`")
+    with pytest.raises(store.DamagedError, match=rf"chunk-00002.*corrupt.*{repair}"):
+        zoo.load(z)
+    with pytest.raises(zoo.ZooError, match=rf"chunk-00002.*{repair}.*or rerun this command with --repair"):
+        zoo.train(small(), z, progress=False)
+    assert cli.main(["zoo", "info", str(z), "--check"]) == 2
+    assert f"symlib zoo repair {z}" in capsys.readouterr().err
+    others = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in z.glob("chunk-*") if p != bad}
+    trained = []
+    from symlib.zoo import training
+
+    real = training._train_chunk
+    monkeypatch.setattr(training, "_train_chunk", lambda cfg, seeds, *a: (trained.append(list(seeds)),
+                                                                          real(cfg, seeds, *a))[1])
+    assert cli.main(["zoo", "repair", str(z), "--no-progress"]) == 0
+    assert trained == [[2]]  # exactly the damaged chunk (seed 2) was retrained
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in z.glob("chunk-*") if p != bad} == others
+    got, man = zoo.load(z)
+    assert man["complete"] and all(torch.equal(got[k], ref[k]) for k in ref)
+    # a damaged manifest beside valid chunks: rebuilt by `zoo train --repair`, no chunk retrained
+    (z / "manifest.json").write_text("{damaged")
+    with pytest.raises(zoo.ZooError, match="corrupt manifest.*chunks beside it may still be valid.*--repair"):
+        zoo.train(small(), z, progress=False)
+    trained.clear()
+    zoo.train(small(), z, progress=False, repair=True)
+    assert trained == [] and all(torch.equal(zoo.load(z)[0][k], ref[k]) for k in ref)
+
+
+def test_load_or_train_repairs_a_damaged_cache(tmp_path, monkeypatch):
+    """A cached zoo with a damaged chunk: load_or_train warns, retrains that chunk and returns the same
+    weights as before the damage."""
+    from symlib.zoo import training
+
+    cfg = small(n_models=3, chunk=1)
+    a, _ = zoo.load_or_train(cfg, cache_dir=tmp_path, progress=False)
+    path = zoo.cache_path(cfg, tmp_path)
+    _corrupt_one_byte(path / "chunk-00001.safetensors")
+    trained = []
+    real = training._train_chunk
+    monkeypatch.setattr(training, "_train_chunk", lambda cfg, seeds, *a: (trained.append(list(seeds)),
+                                                                          real(cfg, seeds, *a))[1])
+    with pytest.warns(UserWarning, match="chunk-00001.*retraining exactly the damaged chunks"):
+        b, man = zoo.load_or_train(cfg, cache_dir=tmp_path, progress=False)
+    assert trained == [[1]] and man["complete"] and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_diverged_networks_are_not_written(tmp_path, monkeypatch):
+    from symlib.zoo import training
+
+    real = training._train_chunk
+
+    def diverged(cfg, seeds, *a):
+        theta, recs = real(cfg, seeds, *a)
+        theta["fc.bias"][0, 1] = float("nan")
+        return theta, recs
+
+    monkeypatch.setattr(training, "_train_chunk", diverged)
+    with pytest.raises(FloatingPointError, match=r"seeds \[0\] diverged .*nothing was written.*learning"):
+        zoo.train(small(n_models=1), tmp_path / "z", progress=False)
+    assert not list((tmp_path / "z").glob("chunk-*"))

@@ -6,34 +6,42 @@ Metropolis-corrected HMC (Neal 2011) on the posterior of the weights at temperat
 .. math:: p(\theta \mid D) \propto \exp(-U(\theta)), \qquad
           U(\theta) = N \bar L(\theta) + \tfrac{\lambda}{2} \lVert\theta\rVert^2,
 
-with :math:`\bar L` the mean cross-entropy over all :math:`N` training images (no mini-batches, no
-augmentation) and :math:`\lambda` = :attr:`Setup.prior_precision` (:math:`N \cdot wd`), the same Gaussian
-prior as SGHMC. Several chains run **stacked**: one call of :func:`symlib.training.stacked.loss_and_grads`
-per data chunk gives the gradient of every chain (OptuNet); other architectures without BatchNorm go through
-``torch.func`` (``vmap`` of ``grad`` of ``functional_call``).
+with :math:`\bar L` the mean cross-entropy over all :math:`N` training images (no mini-batches, **no
+augmentation**: the posterior of the training set as it is, not of its random crops, which the target
+zoo and SGHMC train with) and :math:`\lambda` = :attr:`Setup.prior_precision` (:math:`N \cdot wd`),
+the same Gaussian prior as SGHMC. Several chains run **stacked**: one call of
+:func:`symlib.training.stacked.loss_and_grads` per data chunk gives the gradient of every chain (OptuNet);
+other architectures without BatchNorm go through ``torch.func`` (``vmap`` of ``grad`` of ``functional_call``).
 
 Chain ``i`` starts from base model ``i`` (given, or trained here with the setup's recipe by
-:func:`symlib.training.stacked.train_stacked`), optionally polished by a few epochs of SGD on :math:`U / N`
-without augmentation (``polish_epochs``, part of the burn-in). The sampler (:func:`run_chains`), per chain:
+:func:`symlib.training.stacked.train_stacked`), polished by SGD on :math:`U / N` without augmentation
+until its full-batch potential stops falling (:func:`symlib.posteriors.hmc.local.polish`: blocks of 10
+epochs, at most ``polish_epochs``; part of the burn-in). The sampler (:func:`run_chains`), per chain:
 
-* identity mass matrix; momenta :math:`p \sim \mathcal N(0, I)`, Hamiltonian :math:`H = U + |p|^2 / 2`;
-* leapfrog (:func:`leapfrog`) with a fixed number of steps ``n_leapfrog`` per trajectory;
+* mass matrix (``metric``): ``"ggn"``, the chain's own :math:`M = G + c I` with :math:`G` the GGN of the
+  likelihood at its polished start (:mod:`symlib.posteriors.hmc.metric`): the curvatures of OptuNet's
+  posterior span five orders of magnitude, and without a metric the step size that the stiffest
+  direction allows leaves the widest ones unexplored. :math:`c` (``metric_damping``, default the prior's
+  precision) bounds how far a step moves along the directions the GGN sees as flat (the scaling
+  symmetries, where the geometry changes fastest); ``"identity"``: :math:`M = I`;
+* leapfrog (:func:`leapfrog`) with ``n_leapfrog`` steps per trajectory;
 * warm-up: the initial step size from Hoffman & Gelman's (2014, Alg. 4) doubling/halving heuristic,
   then dual averaging (their Alg. 5: :math:`\gamma = 0.05, t_0 = 10, \kappa = 0.75`,
   :math:`\mu = \log 10 \epsilon_0`) of the step size towards ``target_accept`` (default 0.75) on the
   Metropolis acceptance probability :math:`\min(1, e^{-\Delta H})`; warm-up draws are discarded;
 * sampling: the step size frozen at its averaged value :math:`\bar\epsilon`, jittered uniformly by
-  :math:`\pm` ``jitter`` (10 %) per trajectory (avoids periodic trajectories), keep every ``thin``-th state;
+  :math:`\pm` ``jitter`` per trajectory (so is the trajectory's length), keep every ``thin``-th state;
 * a trajectory whose energy error exceeds 1000 or is not finite is *divergent* (Stan's convention) and
   is rejected; divergences are counted per chain.
 
-Diagnostics (:mod:`symlib.stats.diagnostics`): rank-normalised split R-hat and bulk ESS per
-weight (max/median, min/median), the same for the potential :math:`U` (invariant under the weight-space
-symmetries: chains that sit in permuted copies of one mode have a weight R-hat far above 1 even when each
-chain mixes well, so the potential's R-hat is the meaningful convergence check of a multi-modal
-posterior; its per-chain split value separates drift within a chain from chains resting in modes of
-different depth), acceptance rate and divergences per chain, the step sizes, the trajectory length, the
-gradient evaluations and the seconds.
+Diagnostics (:func:`symlib.posteriors.hmc.local.judge`, on every kept state while the set stores every
+``keep_every``-th): R-hat and bulk/tail ESS on raw weights, canonical forms and invariant functionals
+(the potential, the test log-likelihood, the predictive probabilities of ``n_probe`` test images;
+:mod:`symlib.stats.convergence`), across chains and per chain; a chain is *converged locally* when its
+split R-hat is below 1.05 and its bulk ESS at least 50 on every invariant functional. The cross-chain
+R-hat of the potential measures the spread between the basins the chains sit in. Also: acceptance and
+divergences per chain, the step sizes and trajectory lengths, the polish's trace, the gradient
+evaluations and the seconds of every stage.
 """
 
 
@@ -49,17 +57,16 @@ from symlib import scales as _scales
 from symlib import training as _train
 from symlib.params import Params, flatten, unflatten
 from symlib.posteriors.base import Method, Request, SampleSet, Setup
-from symlib.posteriors.hmc.sampler import (
-    DIVERGENCE,
-    Config,
-    HMCResult,
+from symlib.posteriors.hmc import metric
+from symlib.posteriors.hmc.potentials import (
     Potential,
     check_precision,
-    leapfrog,
+    mlp_likelihood,
     module_potential,
-    run_chains,
     stacked_potential,
+    with_prior,
 )
+from symlib.posteriors.hmc.sampler import DIVERGENCE, Config, HMCResult, leapfrog, run_chains
 
 __all__ = [
     "DIVERGENCE",
@@ -68,32 +75,41 @@ __all__ = [
     "Config",
     "HMCResult",
     "Potential",
+    "check_precision",
     "leapfrog",
+    "metric",
+    "mlp_likelihood",
     "module_potential",
     "preset",
     "run_chains",
     "sample",
     "stacked_potential",
+    "with_prior",
 ]
 
 
 
 
-# tiny: a smoke test. cpu: the book's reference sample, 4 chains x 25 draws from 4 SGD base models, chosen
-# from measurements on 2 cores: one full-batch gradient (4,000 embedded digits) of 4 stacked chains takes
-# 0.45-0.8 s on a quiet machine (3.2 s with 8 jobs sharing the cores), and a run costs
-# 1 + (step-size search) + (n_warmup + 25 * thin) * n_leapfrog = 337 gradients, i.e. 2.5-4.5 minutes.
-# Measured runs (seed 0, 8 jobs on the 2 cores: 3.2-3.3 s per gradient, 16-17 minutes): acceptance
-# 0.86-0.95, step size ~0.002, trajectory length ~0.013, no divergence after warm-up. Without polishing the
-# chains were still descending from the SGD solutions (train NLL 0.65 -> 0.44 over the run); with 5 polish
-# epochs the draws sit at train NLL 0.32-0.37, a different level per chain (each chain stays in its own
-# mode): R-hat of U ~4 across chains, bulk ESS ~4-5 per weight. A diagnosed but *not converged* reference:
-# the chains explore around their modes, they do not mix between modes.
-# paper: a GPU-sized run.
+# tiny: a smoke test. cpu: the book's local reference (book: chapter "Table 1"), 10 chains from the 10
+# multi-mode base models (cached). Chosen from measurements on 2 cores (machine loaded, ~0.4 s per full-batch
+# gradient of 10 chains; ~0.11 s quiet), starting from networks polished by 400 full-batch L-BFGS iterations:
+# * metric = GGN on 1,000 images + prior: step size 0.03-0.06 (the GGN of 4,000 images has eigenvalues up to
+#   26 times the 1,000-image one's); GGN on all 4,000 images + prior: still 0.03-0.06, because the energy
+#   error blows up along the directions the GGN sees as flat (the scaling symmetries: moving along them
+#   changes the curvature of everything else);
+# * GGN + c I, c = 100: step size 0.16-0.21 with 8 leapfrog steps, 0.07-0.15 with 40; c = 1,000 allows longer
+#   steps but moves ten times slower along the flat directions;
+# * 150 draws of 8 steps (1,600 gradients) or 45 draws of 40 steps (2,400 gradients): per-chain split R-hat
+#   of the potential 1.02-2.1, bulk ESS 1.4-18, the predictive probabilities of single test digits worse (ESS
+#   ~2): at this budget the chains do not reach equilibrium even within their own basins.
+# The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
+# trajectories, and reports what it reaches. paper: a GPU-sized run of the same.
 PRESETS = {
-    "tiny": Config(n_warmup=6, n_leapfrog=3, chunk=256),
-    "cpu": Config(n_warmup=30, n_leapfrog=6, polish_epochs=5),
-    "paper": Config(n_warmup=500, n_leapfrog=50, thin=2, chunk=10000),
+    "tiny": Config(n_warmup=6, n_leapfrog=3, grad_chunk=256, metric="ggn", n_test=64, n_probe=4),
+    "cpu": Config(n_warmup=10, n_leapfrog=32, jitter=0.2, polish_epochs=60, metric="ggn",
+                  metric_damping=100.0, keep_every=5),
+    "paper": Config(n_warmup=100, n_leapfrog=50, thin=1, grad_chunk=10000, jitter=0.2, polish_epochs=200,
+                    metric="ggn", metric_damping=100.0, keep_every=20),
 }
 
 
@@ -129,49 +145,28 @@ def _base_models(setup: Setup, seeds: list[int], progress: bool) -> Params:
     return {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]) for k in init}
 
 
-def _polish(setup: Setup, start: Params, seeds: list[int], epochs: int, progress: bool) -> Params:
-    r"""SGD on :math:`U / N = \bar L + \tfrac{wd}{2}|\theta|^2` without augmentation (see :class:`Config`);
-    stacked architectures only (others start from ``start`` as given)."""
-    rec = dataclasses.replace(
-        setup.recipe,
-        epochs=epochs,
-        lr=setup.recipe.lr_at(setup.recipe.epochs - 1),
-        milestones=(),
-        schedule="step",
-        crop_padding=0,
-        flip=False,
-    )
-    if setup.arch not in _train.STACKED_GRADS:
-        return start
-    bar = _progress.bar(epochs, "hmc: polish", enabled=progress)
-    out = _train.train_stacked(
-        start,
-        [s + 7919 for s in seeds],
-        setup.x,
-        setup.y,
-        rec,
-        setup.fill,
-        setup.arch,
-        on_epoch=lambda e: bar.update(1),
-    )
-    bar.close()
-    return out
-
-
 def _draw(req: Request, **hyper) -> SampleSet:
-    """HMC reference samples: ``n_modes`` chains, ``n_per_mode`` kept states each (chain-major).
+    """HMC samples: ``n_modes`` chains, ``n_per_mode`` stored states each (chain-major).
 
-    The potential uses all of the setup's training data and its prior precision. Chain ``i`` starts from
-    base model ``i``; without base models they are trained here with the setup's recipe
-    (:func:`symlib.training.stacked.train_stacked`, seeds ``seed + i``).
+    The potential uses all of the setup's training data (no augmentation) and its prior precision. Chain
+    ``i`` starts from base model ``i`` (without base models they are trained here with the setup's recipe,
+    seeds ``seed + i``), polished (:func:`symlib.posteriors.hmc.local.polish`), and samples with its own
+    metric (:func:`symlib.posteriors.hmc.local.ggn_metric`). The chains keep ``n_per_mode * keep_every``
+    states; the diagnostics use all of them, the set stores every ``keep_every``-th.
 
     Args:
         **hyper: overrides of :class:`Config` fields (default: :func:`preset` of ``setup.scale``).
 
     Returns:
-        A :class:`~symlib.posteriors.base.SampleSet` (method ``"hmc"``) whose ``diagnostics`` hold R-hat,
-        ESS, acceptance, divergences, step sizes, gradient evaluations and seconds.
+        A :class:`~symlib.posteriors.base.SampleSet` (method ``"hmc"``) whose ``diagnostics`` hold the
+        sampler's (acceptance, divergences, step sizes, gradients, seconds), the polish's trace and cost,
+        and the convergence judged on raw weights, canonical forms and invariant functionals, across
+        chains and per chain (:func:`symlib.posteriors.hmc.local.judge`).
     """
+    import time
+
+    from symlib.posteriors.hmc import local
+
     setup, n_modes, n_per_mode, seed, base, progress = (
         req.setup, req.n_modes, req.n_per_mode, req.seed, req.base, req.progress
     )
@@ -188,39 +183,47 @@ def _draw(req: Request, **hyper) -> SampleSet:
         missing = set(names) - set(base)
         if missing:
             raise ValueError(f"base models lack {sorted(missing)}: they are not {setup.arch} weights")
-        potential = stacked_potential(setup.x, setup.y, lam, setup.arch, cfg.chunk)
+        potential = stacked_potential(setup.x, setup.y, lam, setup.arch, cfg.grad_chunk)
         shapes = dict(_train.OPTUNET_SHAPES)
     else:
         warnings.warn(
             f"no stacked gradient for {setup.arch!r}: HMC falls back to torch.func (slower)", stacklevel=2
         )
-        potential, shapes = module_potential(setup.make_model, setup.x, setup.y, lam, cfg.chunk)
+        potential, shapes = module_potential(setup.make_model, setup.x, setup.y, lam, cfg.grad_chunk)
     start = {k: base[k].to(setup.device, setup.x.dtype) for k in shapes}
-    if cfg.polish_epochs:
-        start = _polish(setup, start, seeds, cfg.polish_epochs, progress)
+    start, polished = local.polish(setup, start, seeds, potential, cfg.polish_epochs, progress=progress)
+    met, metric_seconds = metric.Identity(), 0.0
+    if cfg.metric == "ggn":
+        met, metric_seconds = local.ggn_metric(setup, start, cfg.metric_damping or lam, cfg.metric_images)
     theta0 = flatten(start)
-    res = run_chains(
-        potential,
-        theta0,
-        cfg.n_warmup,
-        n_per_mode,
-        cfg.n_leapfrog,
-        cfg.thin,
-        cfg.target_accept,
-        cfg.jitter,
-        seed=seed,
-        progress=progress,
-    )
-    flat = res.draws.reshape(n_modes * n_per_mode, -1)
+    n_keep = n_per_mode * cfg.keep_every
+    res = run_chains(potential, theta0, cfg.n_warmup, n_keep, cfg.n_leapfrog, cfg.thin, cfg.target_accept,
+                     cfg.jitter, seed=seed, progress=progress, metric=met)
+    t0 = time.perf_counter()
+    judged = {}
+    if n_keep >= 4:
+        judged = local.judge(setup, res.draws, res.potential, shapes, cfg.n_test, cfg.n_probe)
+    stored = res.draws[:, cfg.keep_every - 1 :: cfg.keep_every]
+    flat = stored.reshape(n_modes * n_per_mode, -1)
     params = {k: v.contiguous() for k, v in unflatten(flat, shapes).items()}
     hyper_out = dict(
         dataclasses.asdict(cfg),
         prior_precision=lam,
         temperature=1.0,
-        mass_matrix="identity",
+        mass_matrix=met.describe()["mass_matrix"],
         start=started,
+        data="the training set, no augmentation",
         step_size_adaptation="dual averaging (Hoffman & Gelman 2014)",
     )
+    diagnostics = {
+        **res.diagnostics(),
+        "polish": polished,
+        "metric": {k: v for k, v in met.describe().items() if k != "mass_matrix"},
+        "seconds_metric": round(metric_seconds, 2),
+        "seconds_diagnostics": round(time.perf_counter() - t0, 2),
+        "warmup_potential": (res.warmup_potential.double() / setup.n_train).tolist(),
+        **judged,
+    }
     return SampleSet(
         params=params,
         method="hmc",
@@ -228,7 +231,7 @@ def _draw(req: Request, **hyper) -> SampleSet:
         n_per_mode=n_per_mode,
         hyper=hyper_out,
         base_seeds=seeds,
-        diagnostics=res.diagnostics(),
+        diagnostics=diagnostics,
     )
 
 

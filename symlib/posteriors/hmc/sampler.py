@@ -1,10 +1,12 @@
-r"""The HMC sampler: potentials of stacked networks, leapfrog, Metropolis correction, step-size adaptation
-(book: chapter "Table 1"; Neal 2011, Hoffman & Gelman 2014).
+r"""The HMC sampler: leapfrog with a mass matrix, Metropolis correction, step-size adaptation (book: chapter
+"Table 1"; Neal 2011, Hoffman & Gelman 2014).
 
 :func:`run_chains` runs several chains at once on any potential ``flat (C, D) -> (U (C,), grad U (C, D))``
-(:func:`stacked_potential` for OptuNet, :func:`module_potential` for other networks without BatchNorm)
-and returns an :class:`HMCResult` with the draws and their diagnostics. See :mod:`symlib.posteriors.hmc`
-for the method built on it.
+(:mod:`symlib.posteriors.hmc.potentials`) with any mass matrix (:mod:`symlib.posteriors.hmc.metric`) and
+returns an :class:`HMCResult` with the draws and their diagnostics. Its pieces serve the replica-exchange
+driver too (:mod:`symlib.posteriors.hmc.tempering`): :func:`transition` (one Metropolis-corrected
+trajectory of every chain), :class:`DualAveraging` (the step size of every chain) and
+:func:`initial_step_size`. See :mod:`symlib.posteriors.hmc` for the method built on them.
 """
 
 from __future__ import annotations
@@ -12,39 +14,50 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from symlib import progress as _progress
 from symlib import scales as _scales
-from symlib import training as _train
-from symlib.params import flatten, unflatten
+from symlib.posteriors.hmc.metric import Identity, Metric
+from symlib.posteriors.hmc.potentials import Potential
 from symlib.stats import diagnostics as _diag
 
-Potential = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
 DIVERGENCE = 1000.0
+METRICS = ("identity", "ggn")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Sampler settings (see :data:`PRESETS`).
+    r"""Sampler settings (see :data:`symlib.posteriors.hmc.PRESETS`).
 
     Attributes:
         n_warmup: warm-up trajectories (step-size adaptation; discarded).
         n_leapfrog: leapfrog steps per trajectory.
         thin: keep one state every ``thin`` trajectories after warm-up.
         target_accept: dual-averaging target of the mean acceptance probability.
-        jitter: relative uniform jitter of the frozen step size per trajectory.
-        chunk: images per call of the stacked gradient (memory only, the sum is the full batch).
+        jitter: relative uniform jitter of the frozen step size per trajectory (so the trajectory
+            length varies by as much, which avoids periodic trajectories).
+        grad_chunk: images per call of the stacked gradient (memory only, the sum is the full batch).
         polish_epochs: epochs of SGD on the sampled objective :math:`U / N` (no augmentation, the
             recipe's final learning rate and momentum) applied to the starting points before warm-up:
             the base models were trained with random crops, whose optimum is not the posterior's, and a
             mini-batch epoch costs about one full-batch gradient while the chains would otherwise spend
             much of their budget descending. Part of the burn-in; 0 switches it off.
+        metric: the mass matrix, ``"identity"`` or ``"ggn"``: per chain, the GGN of the likelihood plus
+            the prior's precision at the chain's polished start
+            (:func:`~symlib.posteriors.hmc.metric.from_curvature`), the precision of the local Laplace
+            approximation.
+        metric_images: training images of the GGN (the first ones, the sum scaled to all ``N``; 0: all):
+            the metric only preconditions, a subsample estimate keeps the sampler exact.
+        metric_damping: :math:`c` of :math:`M = G + c I` (0: the prior's precision :math:`\lambda`, the
+            Laplace precision).
+        keep_every: of the kept states, store every ``keep_every``-th in the sample set (the
+            diagnostics use all of them).
+        n_test, n_probe: test images of the test log-likelihood, and how many of them get their predictive
+            probability diagnosed (the invariant functionals; the training images if the setup has no
+            test set).
     """
 
     n_warmup: int
@@ -52,91 +65,28 @@ class Config:
     thin: int = 1
     target_accept: float = 0.75
     jitter: float = 0.1
-    chunk: int = 1000
+    grad_chunk: int = 1000
     polish_epochs: int = 0
+    metric: str = "identity"
+    metric_images: int = 0
+    metric_damping: float = 0.0
+    keep_every: int = 1
+    n_test: int = 1000
+    n_probe: int = 20
 
     def __post_init__(self):
-        for name in ("n_warmup", "n_leapfrog", "thin", "chunk", "polish_epochs"):
-            _scales.check_int(name, getattr(self, name), 0 if name in ("n_warmup", "polish_epochs") else 1)
+        zero_ok = ("n_warmup", "polish_epochs", "metric_images", "n_probe")
+        for name in (*zero_ok, "n_leapfrog", "thin", "grad_chunk", "keep_every", "n_test"):
+            low = 0 if name in zero_ok else 1
+            _scales.check_int(name, getattr(self, name), low)
         if not 0 < self.target_accept < 1:
             raise ValueError(f"target_accept must lie in (0, 1), got {self.target_accept}")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must lie in [0, 1), got {self.jitter}")
-
-
-def check_precision(prior_precision: float) -> float:
-    lam = float(prior_precision)
-    if not (lam > 0 and math.isfinite(lam)):
-        raise ValueError(
-            f"the prior precision must be positive and finite, got {prior_precision!r}: HMC needs a proper "
-            "Gaussian prior (give the recipe a positive weight_decay, lambda = N * weight_decay)"
-        )
-    return lam
-
-
-def stacked_potential(
-    x: torch.Tensor, y: torch.Tensor, prior_precision: float, arch: str = "optunet", chunk: int = 1000
-) -> Potential:
-    r"""``flat (C, D) -> (U (C,), grad U (C, D))`` for ``C`` stacked networks of a stacked architecture,
-    :math:`U = \sum_{\mathrm{chunks}} n_b \bar L_b + \tfrac{\lambda}{2}|\theta|^2` (the full batch)."""
-    lam = check_precision(prior_precision)
-    if arch not in _train.STACKED_GRADS:
-        raise ValueError(f"no stacked gradient for {arch!r}; use module_potential (torch.func) instead")
-    shapes = dict(_train.OPTUNET_SHAPES) if arch == "optunet" else None
-    n = x.shape[0]
-
-    def potential(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c = flat.shape[0]
-        params = unflatten(flat, shapes)
-        u = 0.5 * lam * (flat * flat).sum(1)
-        g = lam * flat
-        for s in range(0, n, chunk):
-            xb, yb = x[s : s + chunk], y[s : s + chunk]
-            nb = xb.shape[0]
-            loss, grads = _train.loss_and_grads(params, xb.expand(c, *xb.shape), yb.expand(c, nb), arch)
-            u = u + nb * loss
-            g = g + nb * flatten(grads)
-        return u, g
-
-    return potential
-
-
-def module_potential(
-    make_model: Callable[[], torch.nn.Module],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    prior_precision: float,
-    chunk: int = 1000,
-) -> tuple[Potential, dict[str, tuple[int, ...]]]:
-    r"""The potential of any ``nn.Module`` without buffers (no BatchNorm) through ``torch.func``:
-    ``vmap`` over chains of ``grad`` of ``functional_call``. Returns ``(potential, shapes)``."""
-    lam = check_precision(prior_precision)
-    model = make_model().to(x.device)
-    if any(True for _ in model.buffers()):
-        raise ValueError(
-            "HMC's generic path needs a model without buffers (BatchNorm running statistics change with "
-            "the batch, so the posterior is not defined by the weights alone); use a network without "
-            "BatchNorm"
-        )
-    shapes = {k: tuple(v.shape) for k, v in model.named_parameters()}
-    n = x.shape[0]
-
-    def nll(flat, xb, yb):
-        p = unflatten(flat[None], shapes)
-        out = torch.func.functional_call(model, {k: v[0] for k, v in p.items()}, (xb,))
-        return torch.nn.functional.cross_entropy(out, yb, reduction="sum")
-
-    grad_nll = torch.func.vmap(torch.func.grad_and_value(nll), in_dims=(0, None, None))
-
-    def potential(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u = 0.5 * lam * (flat * flat).sum(1)
-        g = lam * flat
-        for s in range(0, n, chunk):
-            gb, ub = grad_nll(flat, x[s : s + chunk], y[s : s + chunk])
-            u, g = u + ub, g + gb
-        return u, g
-
-    return potential, shapes
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
+        if isinstance(self.metric_damping, bool) or not self.metric_damping >= 0:
+            raise ValueError(f"metric_damping must be >= 0, got {self.metric_damping!r}")
 
 
 def leapfrog(
@@ -146,9 +96,10 @@ def leapfrog(
     eps: torch.Tensor | float,
     n_steps: int,
     potential: Potential,
+    metric: Metric | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""``n_steps`` leapfrog steps of :math:`H = U(\theta) + |p|^2/2` for stacked chains (identity mass):
-    :math:`p \leftarrow p - \tfrac\epsilon2 \nabla U`, :math:`\theta \leftarrow \theta + \epsilon p`,
+    r"""``n_steps`` leapfrog steps of :math:`H = U(\theta) + \tfrac12 p^\top M^{-1} p` for stacked chains:
+    :math:`p \leftarrow p - \tfrac\epsilon2 \nabla U`, :math:`\theta \leftarrow \theta + \epsilon M^{-1} p`,
     :math:`p \leftarrow p - \tfrac\epsilon2 \nabla U` (inner half steps merged).
 
     Args:
@@ -156,22 +107,103 @@ def leapfrog(
         eps: step size, a number or one per chain ``(C,)``.
         n_steps: number of steps (>= 1).
         potential: ``(C, D) -> (U (C,), grad (C, D))``.
+        metric: the mass matrix (default: the identity).
 
     Returns:
         ``(theta, p, U, grad)`` at the end of the trajectory. Volume preserving and reversible:
         negating the final momentum and integrating again returns to the start.
     """
+    metric = metric or Identity()
     e = torch.as_tensor(eps, dtype=theta.dtype, device=theta.device)
     e = e.reshape(-1, 1) if e.ndim else e
     p = p - 0.5 * e * grad
     u = None
     for i in range(n_steps):
-        theta = theta + e * p
+        theta = theta + e * metric.velocity(p)
         u, grad = potential(theta)
         if i < n_steps - 1:
             p = p - e * grad
     p = p - 0.5 * e * grad
     return theta, p, u, grad
+
+
+@dataclasses.dataclass
+class Step:
+    """One :func:`transition` of every chain: the new state, the Metropolis acceptance probability, whether
+    the proposal was accepted, divergent, finite."""
+
+    theta: torch.Tensor
+    u: torch.Tensor
+    grad: torch.Tensor
+    accept_prob: torch.Tensor
+    accepted: torch.Tensor
+    divergent: torch.Tensor
+    finite: torch.Tensor
+
+
+def transition(theta, u, grad, eps, n_leapfrog: int, potential: Potential, gen: torch.Generator,
+               metric: Metric | None = None, on_nonfinite: str = "divergence", where: str = "") -> Step:
+    """One Metropolis-corrected HMC trajectory of every chain: fresh momenta, leapfrog, accept or reject
+    (a trajectory ending at a non-finite or much higher energy, :data:`DIVERGENCE`, is divergent and
+    rejected, Stan's convention; ``on_nonfinite="raise"`` stops at a non-finite one instead)."""
+    metric = metric or Identity()
+    c = theta.shape[0]
+    p = metric.momentum(theta.shape, gen, theta.dtype, theta.device)
+    h0 = u + metric.kinetic(p)
+    th1, p1, u1, g1 = leapfrog(theta, p, grad, eps, n_leapfrog, potential, metric)
+    h1 = u1 + metric.kinetic(p1)
+    finite = torch.isfinite(h1) & torch.isfinite(g1).all(1) & torch.isfinite(th1).all(1)
+    if on_nonfinite == "raise" and not bool(finite.all()):
+        chains = (~finite).nonzero().flatten().tolist()
+        e = torch.as_tensor(eps).expand(c)
+        raise FloatingPointError(
+            f"non-finite potential or gradient at the end of trajectory {where} for chain(s) {chains} "
+            f"(step size {[float(v) for v in e[~finite]]}); lower the step size or target a higher "
+            "acceptance rate"
+        )
+    dh = torch.where(finite, h1 - h0, torch.full_like(h1, math.inf))
+    accept_prob = torch.exp(torch.clamp(-dh, max=0.0)).double()
+    coin = torch.rand(c, generator=gen, dtype=torch.float64).to(theta.device)
+    accept = (coin < accept_prob) & finite
+    return Step(
+        theta=torch.where(accept[:, None], th1, theta),
+        u=torch.where(accept, u1, u),
+        grad=torch.where(accept[:, None], g1, grad),
+        accept_prob=accept_prob,
+        accepted=accept,
+        divergent=dh > DIVERGENCE,
+        finite=finite,
+    )
+
+
+class DualAveraging:
+    r"""Hoffman & Gelman (2014, Alg. 5) per chain: :math:`\gamma = 0.05, t_0 = 10, \kappa = 0.75`,
+    :math:`\mu = \log 10 \epsilon_0`; :meth:`update` returns the next step sizes, :attr:`final` the
+    averaged ones to sample with."""
+
+    def __init__(self, eps0: torch.Tensor, target_accept: float, gamma: float = 0.05, t0: float = 10.0,
+                 kappa: float = 0.75):
+        self.mu = torch.log(10 * eps0.double())
+        self.h_bar = torch.zeros_like(self.mu)
+        self.log_eps_bar = torch.log(eps0.double())
+        self.target, self.gamma, self.t0, self.kappa = target_accept, gamma, t0, kappa
+        self.m = 0
+
+    def update(self, accept_prob: torch.Tensor) -> torch.Tensor:
+        """One warm-up iteration: the chains' acceptance probabilities ``(C,)`` in, the step sizes of their
+        next trajectory ``(C,)`` out."""
+        self.m += 1
+        m, t0 = self.m, self.t0
+        self.h_bar = (1 - 1 / (m + t0)) * self.h_bar + (self.target - accept_prob.double()) / (m + t0)
+        log_eps = self.mu - math.sqrt(m) / self.gamma * self.h_bar
+        w = m**-self.kappa
+        self.log_eps_bar = w * log_eps + (1 - w) * self.log_eps_bar
+        return torch.exp(log_eps)
+
+    @property
+    def final(self) -> torch.Tensor:
+        r"""The averaged step sizes :math:`\bar\epsilon` ``(C,)``, frozen after warm-up to sample with."""
+        return torch.exp(self.log_eps_bar)
 
 
 @dataclasses.dataclass
@@ -188,6 +220,8 @@ class HMCResult:
         n_leapfrog: leapfrog steps per trajectory.
         n_grad: gradient evaluations per chain (all chains share each call).
         seconds: wall time; seconds_warmup: of which warm-up.
+        metric: the mass matrix's description.
+        warmup_potential: ``(C, n_warmup)`` :math:`U` after every warm-up trajectory (the burn-in's trace).
     """
 
     draws: torch.Tensor
@@ -201,9 +235,13 @@ class HMCResult:
     n_grad: int
     seconds: float
     seconds_warmup: float
+    metric: dict = dataclasses.field(default_factory=lambda: {"mass_matrix": "identity"})
+    warmup_potential: torch.Tensor | None = None
 
     def diagnostics(self) -> dict[str, Any]:
-        """JSON-able diagnostics (see the module docstring)."""
+        """JSON-able diagnostics: R-hat and ESS of the weights (max/median, min/median) and of the potential
+        (across chains and each chain alone: drift within a chain, as opposed to chains resting in modes
+        of different depth), acceptance, divergences, step sizes, trajectory lengths, gradients, seconds."""
         c, s, dim = self.draws.shape
         if s >= 4:
             d = _diag.summary(self.draws.double().cpu().numpy())
@@ -211,14 +249,15 @@ class HMCResult:
             d.update(
                 rhat_potential=float(_diag.rhat(u)),
                 ess_bulk_potential=float(_diag.ess_bulk(u)),
-                # each chain alone, split in halves: drift within a chain (burn-in too short), as opposed
-                # to chains resting in different modes of different depth
                 rhat_potential_per_chain=[float(_diag.rhat(u[i : i + 1])) for i in range(c)],
+                ess_bulk_potential_per_chain=[float(_diag.ess_bulk(u[i : i + 1])) for i in range(c)],
             )
         else:  # too few draws to split the chains: no R-hat / ESS
             d = {"n_chains": c, "n_draws": s, "n_params": dim}
-            d.update(dict.fromkeys(["rhat_max", "rhat_median", "ess_bulk_min", "ess_bulk_median"]))
-            d.update(rhat_potential=None, ess_bulk_potential=None, rhat_potential_per_chain=None)
+            d.update(dict.fromkeys(["rhat_max", "rhat_median", "ess_bulk_min", "ess_bulk_median",
+                                    "ess_tail_min"]))
+            d.update(rhat_potential=None, ess_bulk_potential=None, rhat_potential_per_chain=None,
+                     ess_bulk_potential_per_chain=None)
         d.update(
             accept_prob=[round(float(a), 4) for a in self.accept_prob],
             accepted=[round(float(a), 4) for a in self.accepted],
@@ -244,16 +283,18 @@ def _check_state(u: torch.Tensor, g: torch.Tensor, where: str) -> None:
         )
 
 
-def _initial_step_size(theta, u, g, potential, gen, eps0: float = 0.1, max_iter: int = 40) -> torch.Tensor:
+def initial_step_size(theta, u, g, potential, gen, metric: Metric | None = None, eps0: float = 0.1,
+                      max_iter: int = 40) -> torch.Tensor:
     """Hoffman & Gelman (2014, Alg. 4), per chain: double or halve until the one-step acceptance
     probability crosses 1/2."""
+    metric = metric or Identity()
     c = theta.shape[0]
     eps = torch.full((c,), eps0, dtype=theta.dtype, device=theta.device)
 
     def log_ratio(e):
-        p = torch.randn(theta.shape, generator=gen, dtype=theta.dtype).to(theta.device)
-        _, p1, u1, _ = leapfrog(theta, p, g, e, 1, potential)
-        lr = (u + 0.5 * (p * p).sum(1)) - (u1 + 0.5 * (p1 * p1).sum(1))
+        p = metric.momentum(theta.shape, gen, theta.dtype, theta.device)
+        _, p1, u1, _ = leapfrog(theta, p, g, e, 1, potential, metric)
+        lr = (u + metric.kinetic(p)) - (u1 + metric.kinetic(p1))
         return torch.nan_to_num(lr, nan=-math.inf)
 
     lr = log_ratio(eps)
@@ -266,6 +307,12 @@ def _initial_step_size(theta, u, g, potential, gen, eps0: float = 0.1, max_iter:
         eps = torch.where(active, eps * 2.0**direction, eps)
         lr = log_ratio(eps)
     return eps
+
+
+def jittered(eps: torch.Tensor, jitter: float, gen: torch.Generator) -> torch.Tensor:
+    """Step sizes ``eps`` times independent uniform factors in ``[1 - jitter, 1 + jitter]``."""
+    u = torch.rand(eps.shape[0], generator=gen, dtype=eps.dtype).to(eps.device)
+    return eps * (1 + jitter * (2 * u - 1))
 
 
 def run_chains(
@@ -281,8 +328,13 @@ def run_chains(
     seed: int = 0,
     on_nonfinite: str = "divergence",
     progress: bool = True,
+    metric: Metric | None = None,
 ) -> HMCResult:
-    """Run ``C`` stacked HMC chains from ``theta0`` (see the module docstring for the algorithm).
+    """Run ``C`` stacked HMC chains from ``theta0``.
+
+    Warm-up: the initial step size from Hoffman & Gelman's heuristic (:func:`initial_step_size`), then
+    :class:`DualAveraging` towards ``target_accept``; sampling: the averaged step size, jittered per
+    trajectory (:func:`jittered`), every ``thin``-th state kept.
 
     Args:
         potential: ``(C, D) -> (U (C,), grad (C, D))``.
@@ -299,6 +351,7 @@ def run_chains(
         on_nonfinite: ``"divergence"`` (reject a trajectory that ends at a non-finite energy, as Stan
             does) or ``"raise"`` (stop with an error naming the chain and the trajectory).
         progress: show a progress bar.
+        metric: the mass matrix (:mod:`symlib.posteriors.hmc.metric`; default the identity).
     """
     if on_nonfinite not in ("divergence", "raise"):
         raise ValueError(f"on_nonfinite must be 'divergence' or 'raise', got {on_nonfinite!r}")
@@ -308,6 +361,7 @@ def run_chains(
         raise ValueError("without warm-up (n_warmup=0) give a step_size to sample with")
     Config(n_warmup, n_leapfrog, thin, target_accept, jitter)  # validates the settings
     _scales.check_int("n_samples", n_samples, 1)
+    metric = metric or Identity()
     t_start = time.perf_counter()
     gen = torch.Generator().manual_seed(int(seed))
     theta = theta0.detach().clone()
@@ -322,19 +376,15 @@ def run_chains(
     u, g = counted(theta)
     _check_state(u, g, "at the initial state (trajectory 0)")
     if step_size is None:
-        eps = _initial_step_size(theta, u, g, counted, gen)
+        eps = initial_step_size(theta, u, g, counted, gen, metric)
     else:
         eps = torch.full((c,), float(step_size), dtype=dt, device=dev)
-
-    # dual averaging state (Hoffman & Gelman 2014, Alg. 5)
-    mu = torch.log(10 * eps)
-    h_bar = torch.zeros(c, dtype=torch.float64, device=dev)
-    log_eps_bar = torch.zeros(c, dtype=torch.float64, device=dev)
-    gamma, t0, kappa = 0.05, 10.0, 0.75
+    adapt = DualAveraging(eps, target_accept)
 
     total = n_warmup + n_samples * thin
     draws = torch.empty(c, n_samples, dim, dtype=dt, device=dev)
     pots = torch.empty(c, n_samples, dtype=dt, device=dev)
+    warm_pots = torch.empty(c, n_warmup, dtype=dt, device=dev)
     acc_sum = torch.zeros(c, dtype=torch.float64, device=dev)
     n_acc = torch.zeros(c, dtype=torch.float64, device=dev)
     div = torch.zeros(c, dtype=torch.int64, device=dev)
@@ -343,46 +393,21 @@ def run_chains(
     bar = _progress.bar(total, "hmc", enabled=progress)
     for it in range(total):
         warm = it < n_warmup
+        if not warm and it == n_warmup:
+            if n_warmup:
+                eps = adapt.final.to(dt)
+            t_warm = time.perf_counter() - t_start
+        e = eps if warm else jittered(eps, jitter, gen)
+        st = transition(theta, u, g, e, n_leapfrog, counted, gen, metric, on_nonfinite, str(it))
+        theta, u, g = st.theta, st.u, st.grad
         if warm:
-            e = eps
+            eps = adapt.update(st.accept_prob).to(dt)
+            div_warm += st.divergent.long()
+            warm_pots[:, it] = u
         else:
-            if it == n_warmup:
-                if n_warmup:
-                    eps = torch.exp(log_eps_bar).to(dt)
-                t_warm = time.perf_counter() - t_start
-            e = eps * (1 + jitter * (2 * torch.rand(c, generator=gen, dtype=dt).to(dev) - 1))
-        p = torch.randn(c, dim, generator=gen, dtype=dt).to(dev)
-        h0 = u + 0.5 * (p * p).sum(1)
-        th1, p1, u1, g1 = leapfrog(theta, p, g, e, n_leapfrog, counted)
-        h1 = u1 + 0.5 * (p1 * p1).sum(1)
-        finite = torch.isfinite(h1) & torch.isfinite(g1).all(1) & torch.isfinite(th1).all(1)
-        if on_nonfinite == "raise" and not bool(finite.all()):
-            chains = (~finite).nonzero().flatten().tolist()
-            raise FloatingPointError(
-                f"non-finite potential or gradient at the end of trajectory {it} for chain(s) {chains} "
-                f"(step size {[float(v) for v in e[~finite]]}); lower the step size or target a higher "
-                "acceptance rate"
-            )
-        dh = torch.where(finite, h1 - h0, torch.full_like(h1, math.inf))
-        divergent = dh > DIVERGENCE
-        accept_prob = torch.exp(torch.clamp(-dh, max=0.0)).double()
-        coin = torch.rand(c, generator=gen, dtype=torch.float64).to(dev)
-        accept = (coin < accept_prob) & finite
-        theta = torch.where(accept[:, None], th1, theta)
-        u = torch.where(accept, u1, u)
-        g = torch.where(accept[:, None], g1, g)
-        if warm:
-            m = it + 1
-            h_bar = (1 - 1 / (m + t0)) * h_bar + (target_accept - accept_prob) / (m + t0)
-            log_eps = mu.double() - math.sqrt(m) / gamma * h_bar
-            w = m**-kappa
-            log_eps_bar = w * log_eps + (1 - w) * log_eps_bar
-            eps = torch.exp(log_eps).to(dt)
-            div_warm += divergent.long()
-        else:
-            acc_sum += accept_prob
-            n_acc += accept.double()
-            div += divergent.long()
+            acc_sum += st.accept_prob
+            n_acc += st.accepted.double()
+            div += st.divergent.long()
             k, r = divmod(it - n_warmup, thin)
             if r == thin - 1:
                 draws[:, k], pots[:, k] = theta, u
@@ -401,4 +426,6 @@ def run_chains(
         n_grad=calls[0],
         seconds=time.perf_counter() - t_start,
         seconds_warmup=t_warm if n_warmup else 0.0,
+        metric=metric.describe(),
+        warmup_potential=warm_pots.cpu(),
     )

@@ -21,6 +21,8 @@ from symlib.posteriors.laplace import optunet as _optunet
 from symlib.posteriors.laplace.evidence import Fits, log_marginal_likelihood
 from symlib.training.optunet import OPTUNET_SHAPES
 
+__all__ = ["HESSIANS", "full_curvature"]
+
 HESSIANS = ("ggn", "full")
 
 

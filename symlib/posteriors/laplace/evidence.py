@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+__all__ = ["Fits", "check_prior_precision", "log_marginal_likelihood", "tune_prior_precision"]
+
 
 def check_prior_precision(lam: Any) -> float:
     """Return ``lam`` as a float if it is a finite positive number, else raise a clear error."""

@@ -19,6 +19,8 @@ from symlib.params import Params
 from symlib.posteriors.laplace.curvature import check_finite, one_thread
 from symlib.posteriors.laplace.evidence import Fits, log_marginal_likelihood
 
+__all__ = ["BIAS", "KronFactors", "KronPosterior", "kron_factors", "last_layer_name"]
+
 BIAS = ("separate", "augmented")
 
 
@@ -148,6 +150,7 @@ class KronPosterior:
         return torch.cat([e, self.g_eig]) if self.separate_bias else e
 
     def mean(self) -> torch.Tensor:
+        """The mode's last-layer parameters flattened as the precision orders them."""
         f = self.factors
         if f.bias is None:
             return f.weight.reshape(-1)

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from symlib.params import Params
 from symlib.training.optunet import OPTUNET_SHAPES, conv_matrix_index
 
+__all__ = ["assemble", "feature_jacobian", "ggn_chunk"]
+
 
 @torch.no_grad()
 def feature_jacobian(

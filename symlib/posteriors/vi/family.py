@@ -158,6 +158,7 @@ class VIResult:
 
     @property
     def std(self) -> Params:
+        r"""The standard deviations :math:`\sigma = \mathrm{softplus}(\rho)`, shaped as ``rho``."""
         return {k: F.softplus(v) for k, v in self.rho.items()}
 
     @property

@@ -10,7 +10,17 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from symlib import progress as _progress
-from symlib.stats.mmd.inputs import Layered, Pair, flatten, layers_of, prepare, remove_symmetries, unwrap
+from symlib import scales as _scales
+from symlib.stats.mmd.inputs import (
+    Layered,
+    Pair,
+    check_set,
+    flatten,
+    layers_of,
+    prepare,
+    remove_symmetries,
+    unwrap,
+)
 from symlib.stats.mmd.kernels import (
     KERNEL_REDUCE,
     PERCENT,
@@ -29,6 +39,8 @@ from symlib.stats.mmd.kernels import (
 )
 from symlib.symmetry.spec import Spec
 
+__all__ = ["Difference", "Result", "difference", "layered_table", "mmd", "table", "two_sample"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
@@ -36,7 +48,7 @@ class Result:
 
     Attributes:
         names, sizes: layers and their parameter counts.
-        values: ``MMD^2_u`` ``(L, 20)`` (kernels in the order of :data:`KERNELS`).
+        values: ``MMD^2_u`` ``(L, 20)`` (kernels in the order of :data:`~symlib.stats.mmd.kernels.KERNELS`).
         bandwidths: ``(L, 20)``.
         m, n: sample sizes (target, method); ``symmetries``: the removal applied; ``rule``: the bandwidth
             rule of ``values`` and ``boot``.
@@ -91,6 +103,17 @@ class Result:
 
 
 # --------------------------------------------------------------------------- main
+def _counts(n_permutations: int, n_bootstrap: int, chunk: int = 1) -> None:
+    """Refuse negative or non-integer numbers of permutations and resamples (0: none)."""
+    for name, value, least, what in (("n_permutations", n_permutations, 0, "0: no test; e.g. 1000"),
+                                     ("n_bootstrap", n_bootstrap, 0, "0: no intervals; e.g. 1000"),
+                                     ("chunk", chunk, 1, "e.g. 256")):
+        try:
+            _scales.check_int(name, value, least)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} ({what})") from None
+
+
 def _distances(pair: Pair, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x, y = pair.x[layer], pair.y[layer]
     dxx = pair.dxx[layer] if pair.dxx is not None else pdist(x)
@@ -102,7 +125,7 @@ def mmd(pair: Pair, n_permutations: int = 0, n_bootstrap: int = 0, seed: int = 0
     """``MMD^2_u`` per layer and kernel, with an optional permutation test and bootstrap replicates.
 
     Args:
-        pair: from :func:`prepare`.
+        pair: from :func:`~symlib.stats.mmd.inputs.prepare`.
         n_permutations: re-splits of the pooled checkpoints (0: no test). One set of permutations
             serves every layer and kernel.
         n_bootstrap: resamples of each set for the confidence intervals (0: none).
@@ -116,6 +139,7 @@ def mmd(pair: Pair, n_permutations: int = 0, n_bootstrap: int = 0, seed: int = 0
     Returns:
         A :class:`Result`; reduce it with ``value``, ``p_value``, ``interval`` or ``summary``.
     """
+    _counts(n_permutations, n_bootstrap, chunk)
     m, n = pair.m, pair.n
     x0 = pair.x[0]
     dtype, device = x0.dtype, x0.device
@@ -171,8 +195,8 @@ def two_sample(
     dtype=torch.float64,
     check: bool = True,
 ) -> Result:
-    r"""The paper's MMD between two sets of weights, in one call (``symlib.mmd``): :func:`prepare` then
-    :func:`mmd`.
+    r"""The paper's MMD between two sets of weights, in one call (``symlib.mmd``):
+    :func:`~symlib.stats.mmd.inputs.prepare` then :func:`mmd`.
 
     Args:
         target, samples: stacked state dicts ``{name: (S, ...)}`` (or ``SampleSet`` s) of one architecture;
@@ -208,6 +232,13 @@ def table(target, methods: Mapping[str, object], spec: Spec | None = None,
     out = {}
     target = unwrap(target)
     layers = layers_of(spec if spec is not None else target) if layers is None else dict(layers)
+    _counts(n_permutations, n_bootstrap)
+    if not methods:
+        raise ValueError("table needs at least one method to compare with the target: pass {name: set}")
+    # Every set is checked before any work (prepare's checks: at least 2 samples, finite weights).
+    check_set(target, layers, "the target set")
+    for name, samples in methods.items():
+        check_set(unwrap(samples), layers, f"method {name!r}")
     with _progress.bar(len(methods) * len(symmetries), desc="mmd table", enabled=progress) as bar:
         for sym in symmetries:
             xs = flatten(remove_symmetries(target, spec, sym, check), layers, dtype)
@@ -253,6 +284,11 @@ def difference(first: Pair, second: Pair, n_bootstrap: int = 1000, seed: int = 0
     Returns:
         A :class:`Difference`; a difference is "larger than the noise" when its interval excludes 0.
     """
+    try:
+        _scales.check_int("n_bootstrap", n_bootstrap, 1)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{e}: difference judges the difference by its bootstrap; pass e.g. "
+                      "n_bootstrap=1000") from None
     if share_target and first.m != second.m:
         raise ValueError(f"share_target needs the same target on both sides, got {first.m} and {second.m} "
                          "checkpoints; pass share_target=False for independent targets")

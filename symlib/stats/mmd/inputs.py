@@ -19,6 +19,18 @@ from symlib.params import Params
 from symlib.symmetry import canonical
 from symlib.symmetry.spec import Spec
 
+__all__ = [
+    "SYMMETRIES",
+    "Layered",
+    "Pair",
+    "check_set",
+    "flatten",
+    "layered",
+    "layers_of",
+    "prepare",
+    "remove_symmetries",
+]
+
 SYMMETRIES = ("raw", "ns", "minmass", "perm", "scale")
 
 
@@ -79,6 +91,39 @@ def unwrap(samples) -> Params:
     return dict(params)
 
 
+def check_set(params: Params, layers: Mapping[str, Sequence[str]], what: str) -> int:
+    """Refuse a set the MMD cannot compare, naming the problem and the fix: a tensor a layer needs is
+    absent, the set holds fewer than 2 samples (the unbiased estimator divides by ``S (S - 1)``), or
+    a weight is NaN or infinite (the estimate would be NaN and its p-value would look significant).
+
+    Returns:
+        The number of samples ``S``.
+    """
+    names = [n for ns in layers.values() for n in ns]
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise KeyError(f"{what} lacks {missing[:5]}, which the layers need: are both sets of one "
+                       "architecture?")
+    sizes = {int(params[n].shape[0]) if params[n].dim() else 0 for n in names}
+    if len(sizes) > 1:
+        raise ValueError(f"{what}: its tensors hold different numbers of samples ({sorted(sizes)}); pass "
+                         "stacked state dicts {name: (S, ...)}")
+    s = sizes.pop()
+    if s < 2:
+        raise ValueError(f"{what} holds {'no samples (an empty set)' if s == 0 else 'only 1 sample'}; the "
+                         "unbiased MMD needs at least 2 samples per set: pass a larger set")
+    for n in names:
+        v = params[n]
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            bad = (~torch.isfinite(v)).reshape(s, -1).any(1).nonzero().flatten().tolist()
+            raise ValueError(
+                f"{what}: tensor {n!r} holds NaN or infinite weights (samples {bad[:10]}"
+                f"{'...' if len(bad) > 10 else ''} of {s}); the MMD of such weights is NaN and its p-value "
+                "meaningless: drop these samples (e.g. diverged runs) or fix how they were produced"
+            )
+    return s
+
+
 def flatten(params: Params, layers: Mapping[str, Sequence[str]], dtype=torch.float64) -> list[torch.Tensor]:
     """One ``(S, d_layer)`` matrix per layer: its parameters flattened and concatenated, one row a sample."""
     out = []
@@ -100,8 +145,8 @@ class Pair:
         x: target layers, ``(m, d)`` each; ``y``: method layers, ``(n, d)`` each.
         symmetries: which symmetries were removed (:func:`remove_symmetries`).
         dxx: optional cached within-target distances per layer, ``(2, m(m-1)/2)`` (L1, L2; the upper
-            triangle, :func:`pdist`), shared by
-            :func:`table` across methods.
+            triangle, :func:`~symlib.stats.mmd.kernels.pdist`), shared by
+            :func:`~symlib.stats.mmd.compare.table` across methods.
     """
 
     names: tuple[str, ...]
@@ -134,15 +179,14 @@ def prepare(target, samples, spec: Spec | None = None, symmetries: str = "raw", 
     """
     target, samples = unwrap(target), unwrap(samples)
     layers = layers_of(spec if spec is not None else target) if layers is None else dict(layers)
+    check_set(target, layers, "the target set")
+    check_set(samples, layers, "the compared set")
     xs = flatten(remove_symmetries(target, spec, symmetries, check), layers, dtype)
     ys = flatten(remove_symmetries(samples, spec, symmetries, check), layers, dtype)
     for name, x, y in zip(layers, xs, ys, strict=True):
         if x.shape[1] != y.shape[1]:
             raise ValueError(f"layer {name!r} has {x.shape[1]} vs {y.shape[1]} parameters: "
                              "are both sets of one architecture?")
-    if xs[0].shape[0] < 2 or ys[0].shape[0] < 2:
-        raise ValueError(f"the unbiased MMD needs at least 2 samples per set, got {xs[0].shape[0]} and "
-                         f"{ys[0].shape[0]}")
     return Pair(tuple(layers), tuple(int(x.shape[1]) for x in xs), tuple(xs), tuple(ys), symmetries)
 
 
@@ -181,8 +225,12 @@ def layered(sets: Mapping[str, object], spec=None, symmetries: Sequence[str] = (
         dtype: of the comparison; ``check``: verify that every network keeps its function.
     """
 
+    if not sets:
+        raise ValueError("layered needs at least one sample set: pass {name: set}")
     first = dict(getattr(next(iter(sets.values())), "params", next(iter(sets.values()))))
     layers = layers_of(spec if spec is not None else first)
+    for name, s in sets.items():
+        check_set(unwrap(s), layers, f"set {name!r}")
     data = {}
     with _progress.bar(len(sets) * len(symmetries), desc="remove symmetries", enabled=progress) as bar:
         for sym in symmetries:

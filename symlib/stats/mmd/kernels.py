@@ -14,6 +14,23 @@ from collections.abc import Sequence
 
 import torch
 
+__all__ = [
+    "KERNELS",
+    "KERNEL_REDUCE",
+    "LAYER_REDUCE",
+    "MAX_ROWS",
+    "N_BANDWIDTHS",
+    "PERCENT",
+    "RULES",
+    "bandwidths",
+    "cdist",
+    "estimate",
+    "pdist",
+    "permuted",
+    "reduce",
+    "resampled",
+]
+
 N_BANDWIDTHS = 10
 
 

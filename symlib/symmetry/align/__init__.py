@@ -1,5 +1,5 @@
-r"""Aligning networks and mean-field Gaussian posteriors by permutations (book: chapter "Alignment";
-Rossi, Singh & Hannagan 2023, App. A; weight matching of Ainsworth et al. 2023).
+r"""Aligning networks and mean-field Gaussian posteriors by permutations (book: chapter "Aligning
+variational posteriors"; Rossi, Singh & Hannagan 2023, App. A; weight matching of Ainsworth et al. 2023).
 
 Two networks, or two mean-field Gaussian posteriors :math:`q_0 = \mathcal N(m_0, \mathrm{diag}(s_0^2))`
 and :math:`q_1 = \mathcal N(m_1, \mathrm{diag}(s_1^2))` (means and standard deviations as state
@@ -75,7 +75,8 @@ def align(
     seed: int = 0,
     init: Mapping[str, torch.Tensor] | None = None,
 ) -> Alignment:
-    r"""Align side 1 to side 0 by the permutation that minimises ``cost`` (book: chapter "Alignment").
+    r"""Align side 1 to side 0 by the permutation that minimises ``cost`` (book: chapter "Aligning
+    variational posteriors").
 
     Coordinate descent as in weight matching (Ainsworth et al. 2023): each round visits the units in
     the order ``numpy.random.default_rng(seed).permutation`` draws (one draw per round); a unit is a
@@ -130,6 +131,8 @@ def align(
                     f"cost {cost!r} needs positive {side}, missing or not positive on {bad[:3]}; pass the "
                     "posteriors' standard deviations, or restrict the aligned tensors with names="
                 )
+    for side, d in (("mean0", mean0), ("mean1", mean1), ("std0", std0), ("std1", std1)):
+        _check_finite(side, d, names)
     acts = touched(spec, names)
     fa, fb = features(cost, mean0, std0, mean1, std1, names)
     d = Descent(spec, fa, fb, acts)
@@ -186,6 +189,23 @@ def align(
     )
 
 
+def _check_finite(side: str, d: Params, names, batched: bool = False) -> None:
+    """Refuse NaN or infinite values in the tensors ``names`` of ``d`` (the assignment solver cannot rank
+    them), naming the side, the tensor and (``batched``) the networks of a stack."""
+    for k in names:
+        v = d.get(k)
+        if v is None or not v.is_floating_point() or bool(torch.isfinite(v).all()):
+            continue
+        where = ""
+        if batched:
+            bad = (~torch.isfinite(v)).reshape(v.shape[0], -1).any(1).nonzero().flatten().tolist()
+            where = f" (networks {bad[:10]}{'...' if len(bad) > 10 else ''})"
+        raise ValueError(
+            f"{side}: tensor {k!r} holds NaN or infinite values{where}, so no alignment cost can be "
+            "computed; drop or fix this network (e.g. a diverged run) before aligning it"
+        )
+
+
 def align_many(mean_ref: Params, means: Params, spec: Spec, std_ref: Params | None = None,
                stds: Params | None = None, cost: str = "weights", **kwargs) -> tuple[Params, Params | None]:
     """Align every network of a stack ``(S, ...)`` to one reference (e.g. before an MMD).
@@ -201,6 +221,13 @@ def align_many(mean_ref: Params, means: Params, spec: Spec, std_ref: Params | No
     batch = spec.batch_shape(means)
     if len(batch) != 1:
         raise SymmetryError(f"align_many takes one leading batch dimension, got batch shape {batch}")
+    if batch[0] == 0:
+        raise ValueError("align_many got an empty stack (0 networks); pass at least one network "
+                         "{name: (S, ...)} with S >= 1")
+    names = list(kwargs.get("names") or means)
+    _check_finite("means", means, names, batched=True)
+    if stds is not None:
+        _check_finite("stds", stds, names, batched=True)
     out_m, out_s = [], []
     for i in range(batch[0]):
         one_m = {k: v[i] for k, v in means.items()}

@@ -17,12 +17,14 @@ from symlib.params import Params
 from symlib.symmetry import ops
 from symlib.symmetry.spec import Spec, SymmetryError
 
+__all__ = ["COSTS", "Act", "Alignment", "Cost", "barrier", "interpolate", "kl_diag", "w2_diag"]
+
 COSTS = ("weights", "wasserstein", "kl", "kl-mean")
 
 
 @dataclasses.dataclass
 class Alignment:
-    """The result of :func:`align`.
+    """The result of :func:`~symlib.symmetry.align.align`.
 
     Attributes:
         perms: one permutation ``(n,)`` per label; ``ops.permute(mean1, spec, perms)`` is aligned.
@@ -56,7 +58,7 @@ def pairs(mean0, std0, mean1, std1):
 
 
 def w2_diag(mean0, std0, mean1, std1) -> torch.Tensor:
-    r"""2-Wasserstein distance between diagonal Gaussians (book: chapter "Alignment").
+    r"""2-Wasserstein distance between diagonal Gaussians (book: chapter "Aligning variational posteriors").
 
     .. math:: W_2\big(\mathcal N(m_0, \mathrm{diag}\,s_0^2), \mathcal N(m_1, \mathrm{diag}\,s_1^2)\big)
               = \sqrt{\lVert m_0 - m_1\rVert^2 + \lVert s_0 - s_1\rVert^2},
@@ -99,8 +101,8 @@ def interpolate(mean0: Params, std0: Params | None, mean1: Params, std1: Params 
     Means and standard deviations move linearly: :math:`m_t = (1-t) m_0 + t m_1`,
     :math:`s_t = (1-t) s_0 + t s_1`. For diagonal Gaussians this is the 2-Wasserstein geodesic
     (:math:`W_2(q_0, q_t) = t\,W_2(q_0, q_1)`). Tensors that are not floating point (e.g. BatchNorm's
-    ``num_batches_tracked``) are taken from side 0. Interpolate *aligned* posteriors (:func:`align`)
-    to measure a loss barrier modulo permutations.
+    ``num_batches_tracked``) are taken from side 0. Interpolate *aligned* posteriors
+    (:func:`~symlib.symmetry.align.align`) to measure a loss barrier modulo permutations.
 
     Args:
         mean0, std0, mean1, std1: state dicts; the stds may be ``None`` (point estimates).
@@ -125,12 +127,23 @@ def interpolate(mean0: Params, std0: Params | None, mean1: Params, std1: Params 
 # ----------------------------------------------------------------------------- the descent
 @dataclasses.dataclass(frozen=True)
 class Act:
+    """One action of a label on a tensor the cost reads: axis ``axis`` of ``param`` permuted by ``label``."""
+
     param: str
     axis: int
     label: str
 
 
 def touched(spec: Spec, names) -> list[Act]:
+    sliced = [a for a in spec.actions
+              if a.perm is not None and a.param in names and (a.start or a.inner != 1)]
+    if sliced:
+        a = sliced[0]
+        raise SymmetryError(
+            f"label {a.perm!r} acts on a slice or on blocks of axis {a.axis} of {a.param!r} (a concatenation "
+            "or a flattened map): alignment handles labels that cover whole axes only; leave such tensors "
+            "out with names="
+        )
     acts = [Act(a.param, a.axis, a.perm) for a in spec.actions if a.perm is not None and a.param in names]
     seen = set()
     for a in acts:

@@ -19,6 +19,8 @@ from symlib.symmetry import ops
 from symlib.symmetry.align.costs import Act
 from symlib.symmetry.spec import Spec, SymmetryError
 
+__all__ = ["Descent"]
+
 
 def _lap(c: torch.Tensor) -> torch.Tensor:
     """Columns of the minimum-cost assignment of a square cost matrix (row ``i`` gets column ``out[i]``)."""

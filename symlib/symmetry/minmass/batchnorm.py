@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from symlib.symmetry import check as _check
-from symlib.symmetry.spec import Params, SymmetryError
+from symlib.symmetry.spec import Params, Spec, SymmetryError
 
 _CONV = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
 _BN = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
@@ -17,12 +17,22 @@ _BN = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
 
 @dataclasses.dataclass(frozen=True)
 class Folded:
-    """Output of :func:`fold_batchnorm`: parameters and model without BatchNorm, and what was folded."""
+    """Output of :func:`fold_batchnorm`: parameters and model without BatchNorm, and what was folded.
+
+    Attributes:
+        theta: the folded parameters (stacked like the input).
+        model: the folded module (BatchNorms replaced by identities, folded layers given biases).
+        pairs: the ``(layer, BatchNorm)`` module names folded together.
+        error: the relative output change measured by the functional check, or ``None``.
+        spec: the symmetries of ``model`` (:func:`symlib.symmetry.trace.spec_of`) when ``input_shape``
+            was given, else ``None``: ``symlib.minmass(folded.theta, folded.spec)`` is well posed.
+    """
 
     theta: Params
     model: torch.nn.Module
     pairs: tuple[tuple[str, str], ...]
     error: float | None
+    spec: Spec | None = None
 
 
 def _bn_pairs(model: torch.nn.Module) -> list[tuple[str, str]]:
@@ -77,10 +87,16 @@ def fold_batchnorm(
 
     Returns:
         A :class:`Folded` with the new parameters, a new model (BatchNorms
-        replaced by identities, folded layers given biases), the folded pairs and
-        the functional error (``None`` without a check). The new parameters and
+        replaced by identities, folded layers given biases), the folded pairs,
+        the functional error (``None`` without a check) and, when ``input_shape``
+        is given, the folded model's spec. The new parameters and
         model keep the device and dtype of ``theta`` (a CUDA float32 network
         folds into a CUDA float32 network).
+
+    Example (book: chapter "symlib on your own network")::
+
+        folded = symlib.fold_batchnorm(theta, model, (1, 28, 28))
+        light = symlib.minmass(folded.theta, folded.spec)
     """
     pairs = _bn_pairs(model)
     new_model = copy.deepcopy(model).eval()
@@ -133,7 +149,12 @@ def fold_batchnorm(
             raise _check.FunctionalMismatch(
                 f"folding BatchNorm changed the function: error {err:.3g} > {tol:g}"
             )
-    return Folded(out, new_model, tuple(pairs), err)
+    spec = None
+    if input_shape is not None:
+        from symlib.symmetry.trace import spec_of
+
+        spec = spec_of(new_model, input_shape)
+    return Folded(out, new_model, tuple(pairs), err, spec)
 
 
 def _compare(m1, t1, m2, t2, input_shape, nb) -> float:

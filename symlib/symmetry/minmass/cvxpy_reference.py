@@ -23,7 +23,7 @@ def reference(
     * ``mode="lse"``: the equivalent convex program ``min log sum exp(2 u_i - 2 u_j + log Q_ij)``
       in ``u = log lam`` (one sparse affine map), which scales further.
 
-    Degenerate neurons are held at scale 1, as in :func:`minmass`.
+    Degenerate neurons are held at scale 1, as in :func:`~symlib.symmetry.minmass.minmass`.
 
     Args:
         theta: parameters of one network (no batch dimensions).

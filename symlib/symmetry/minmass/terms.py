@@ -59,20 +59,38 @@ class Problem:
         return out
 
 
-def _squares(theta: Params, spec: Spec, name: str, nb: int) -> tuple[torch.Tensor, str | None, str | None]:
-    """``W**2`` of weight ``name`` in float64, reduced to ``(B, n_out, n_in)``, and its labels."""
+def _segments(spec: Spec, acts, size: int) -> list[tuple[str | None, int, int, int]]:
+    """``(label, start, n, inner)`` covering an axis of ``size`` entries: the labels' slices in order, and
+    every stretch no label covers as one fixed entry (``label=None``, ``n=1``)."""
+    out, pos = [], 0
+    for a in sorted(acts, key=lambda a: a.start):
+        lo, hi = spec.span(a)
+        if lo > pos:
+            out.append((None, pos, 1, lo - pos))
+        out.append((a.scale, lo, (hi - lo) // a.inner, a.inner))
+        pos = hi
+    if pos < size or not out:
+        out.append((None, pos, 1, size - pos))
+    return out
+
+
+def _squares(theta: Params, spec: Spec, name: str, nb: int
+             ) -> list[tuple[torch.Tensor, str | None, str | None]]:
+    """``W**2`` of weight ``name`` in float64, reduced to ``(B, n_out, n_in)``, and its labels: one
+    ``(q, out, inp)`` per pair of slices when several labels share an axis (a concatenation, a flatten)."""
     acts = [a for a in spec.actions if a.param == name and a.scale is not None and a.power != 0]
     w = ops.dense_weight(theta, spec, name).to(torch.float64)  # grouped conv: block-diagonal dense
     w = w.reshape(-1, *w.shape[nb:])
     q = w.square()
     out = [a for a in acts if a.power > 0]
     inp = [a for a in acts if a.power < 0]
-    if len(out) > 1 or len(inp) > 1 or any(abs(a.power) != 1 for a in acts):
+    axes_out, axes_in = {a.axis for a in out}, {a.axis for a in inp}
+    if len(axes_out) > 1 or len(axes_in) > 1 or axes_out & axes_in or any(abs(a.power) != 1 for a in acts):
         raise SymmetryError(
-            f"weight {name!r} carries scaling actions {acts}; min-mass handles weights with at most "
-            "one outgoing (power +1) and one incoming (power -1) scaling label"
+            f"weight {name!r} carries scaling actions {acts}; min-mass handles weights whose outgoing "
+            "(power +1) and incoming (power -1) scaling labels each lie on one axis"
         )
-    keep = [1 + a.axis for a in out + inp]
+    keep = [1 + a for a in sorted(axes_out | axes_in)]
     other = [d for d in range(1, q.ndim) if d not in keep]
     q = q.sum(dim=other) if other else q
     if out and inp and out[0].axis > inp[0].axis:
@@ -81,9 +99,22 @@ def _squares(theta: Params, spec: Spec, name: str, nb: int) -> tuple[torch.Tenso
         q = q.unsqueeze(1)
     if not inp:
         q = q.unsqueeze(-1)
-    if out and inp and out[0].scale == inp[0].scale:
-        raise SymmetryError(f"weight {name!r} has the same scaling label on both sides; not supported")
-    return q, (out[0].scale if out else None), (inp[0].scale if inp else None)
+    if len(out) <= 1 and len(inp) <= 1 and all(a.start == 0 and a.inner == 1 for a in acts) and all(
+        spec.span(a)[1] == q.shape[1 if a.power > 0 else 2] for a in acts
+    ):  # one label (or none) on each side, covering it: the weight is one term
+        if out and inp and out[0].scale == inp[0].scale:
+            raise SymmetryError(f"weight {name!r} has the same scaling label on both sides; not supported")
+        return [(q, out[0].scale if out else None, inp[0].scale if inp else None)]
+    B = q.shape[0]
+    terms = []
+    for lab_o, lo_o, n_o, inner_o in _segments(spec, out, q.shape[1]):
+        qo = q[:, lo_o:lo_o + n_o * inner_o].reshape(B, n_o, inner_o, -1).sum(2)
+        for lab_i, lo_i, n_i, inner_i in _segments(spec, inp, q.shape[2]):
+            if lab_o is not None and lab_o == lab_i:
+                raise SymmetryError(f"weight {name!r} has the label {lab_o!r} on both sides; not supported")
+            qi = qo[:, :, lo_i:lo_i + n_i * inner_i].reshape(B, n_o, n_i, inner_i).sum(3)
+            terms.append((qi, lab_o, lab_i))
+    return terms
 
 
 def problem(theta: Params, spec: Spec) -> Problem:
@@ -92,7 +123,7 @@ def problem(theta: Params, spec: Spec) -> Problem:
     Raises:
         SymmetryError: non-homogeneous activations, non-finite weights, or a
             scaling label with incoming weights but no outgoing ones (a conv
-            followed by BatchNorm: fold it first with :func:`fold_batchnorm`).
+            followed by BatchNorm: fold it first with :func:`~symlib.symmetry.minmass.fold_batchnorm`).
     """
     spec.require_scaling()
     batch = _check.validate(theta, spec)
@@ -100,8 +131,7 @@ def problem(theta: Params, spec: Spec) -> Problem:
     terms = []
     for name in spec.shapes:
         if name in spec.weights:
-            q, out, inp = _squares(theta, spec, name, nb)
-            terms.append(Term(name, q, out, inp))
+            terms += [Term(name, q, out, inp) for q, out, inp in _squares(theta, spec, name, nb)]
     for label in spec.scales:
         has_in = any(t.out == label for t in terms)
         has_out = any(t.inp == label for t in terms)
@@ -109,9 +139,8 @@ def problem(theta: Params, spec: Spec) -> Problem:
             raise SymmetryError(
                 f"scaling label {label!r} has incoming weights but no outgoing weights, so shrinking its "
                 "scale lowers the mass forever (typically a conv followed by BatchNorm, which absorbs the "
-                "conv's scale). Fold BatchNorm first: theta, model = "
-                "symlib.symmetry.minmass.fold_batchnorm(theta, model), then build the spec of the folded "
-                "model."
+                "conv's scale). Fold BatchNorm first: folded = symlib.fold_batchnorm(theta, model, "
+                "input_shape), then symlib.minmass(folded.theta, folded.spec)."
             )
     labels = {k: n for k, n in spec.scales.items() if any(k in (t.out, t.inp) for t in terms)}
     return Problem(labels, tuple(terms), tuple(batch))
@@ -168,24 +197,30 @@ def degenerate(prob: Problem) -> dict[str, torch.Tensor]:
     """
     B = prob.terms[0].q.shape[0] if prob.terms else 1
     dev = prob.terms[0].q.device if prob.terms else None
-    fwd = {k: torch.zeros(B, n, dtype=torch.bool, device=dev) for k, n in prob.labels.items()}
-    bwd = {k: torch.zeros(B, n, dtype=torch.bool, device=dev) for k, n in prob.labels.items()}
-    pos = [(t, t.q > 0) for t in prob.terms]
-    true = torch.ones(B, 1, dtype=torch.bool, device=dev)
+    dt = prob.terms[0].q.dtype if prob.terms else torch.float64
+    # Reachability as products with the non-negative squares: sum_j q_ij [j reached] > 0 exactly when
+    # some non-zero weight links i to a reached neuron. Forward in term order, backward in reverse order,
+    # so a feed-forward network settles in one pass each (one more confirms it).
+    fwd = {k: torch.zeros(B, n, dtype=dt, device=dev) for k, n in prob.labels.items()}
+    bwd = {k: torch.zeros(B, n, dtype=dt, device=dev) for k, n in prob.labels.items()}
+    one = torch.ones(B, 1, dtype=dt, device=dev)
     changed = True
     while changed:
         changed = False
-        for t, p in pos:
+        for t in prob.terms:
             if t.out is not None:
-                src = fwd[t.inp] if t.inp is not None else true
-                new = fwd[t.out] | (p & src.unsqueeze(1)).any(-1)
+                src = fwd[t.inp] if t.inp is not None else one
+                new = torch.maximum(fwd[t.out], (_mv(t.q, src) > 0).to(dt))
                 if not torch.equal(new, fwd[t.out]):
                     fwd[t.out], changed = new, True
+        for t in reversed(prob.terms):
             if t.inp is not None:
-                dst = bwd[t.out] if t.out is not None else true
-                new = bwd[t.inp] | (p & dst.unsqueeze(2)).any(1)
+                dst = bwd[t.out] if t.out is not None else one
+                new = torch.maximum(bwd[t.inp], (_vm(dst, t.q) > 0).to(dt))
                 if not torch.equal(new, bwd[t.inp]):
                     bwd[t.inp], changed = new, True
+    fwd = {k: v > 0 for k, v in fwd.items()}
+    bwd = {k: v > 0 for k, v in bwd.items()}
     return {k: ~(fwd[k] & bwd[k]) for k in prob.labels}
 
 

@@ -1,0 +1,231 @@
+r"""Compare two checkpoint sets on disk with the paper's MMD (book: chapter "Table 1"; paper §4, App. B.4).
+
+The paper's central operation compares two sets of checkpoints of one architecture, layer by layer, on
+raw weights and with the symmetries removed ("NS"). :func:`compare` does it for two folders: zoos,
+posterior sample sets or exported datasets (``hf://owner/name`` included), loaded and checked with
+:func:`symlib.load`. The architecture and its symmetry spec come from the manifests (a zoo's
+configuration, a sample set's ``model`` record), so no Python is needed: ``symlib compare A B``.
+
+For every symmetry removal, :func:`symlib.stats.mmd.table` gives :math:`\widehat{\mathrm{MMD}}{}^2_u`
+per layer (median over the 20 MMDAgg kernels) and their mean weighted by the layers' parameter counts,
+with percentile bootstrap intervals and the permutation p-value of "both sets come from one
+distribution" (:mod:`symlib.stats.mmd`). ``A`` plays the paper's target (its distances set the
+bandwidths). Reported numbers are ``100 x`` the estimate, as in Table 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symlib import checkpoints, store
+
+__all__ = ["Comparison", "architecture", "compare", "write_json"]
+
+
+def architecture(manifest: dict[str, Any], where: str = "") -> tuple[str, torch.nn.Module, tuple[int, ...]]:
+    """The architecture recorded in a manifest: ``(name, a freshly built module, input shape)``.
+
+    A zoo's manifest holds its configuration (:class:`symlib.zoo.ZooConfig`); a posterior sample set's
+    holds the :mod:`symlib.models` class and its arguments (``"model"``) and its training problem
+    (``"setup"``: the preset, whose image size it takes).
+
+    Raises:
+        StoreError: the manifest does not say how to rebuild its networks.
+    """
+    from symlib import models, zoo
+
+    if manifest.get("kind", "zoo") == "zoo":
+        cfg = zoo.ZooConfig.from_dict(manifest["config"])
+        return cfg.arch, cfg.make_model(), (cfg.channels, cfg.image_size, cfg.image_size)
+    spec = manifest.get("model") or {}
+    if not spec.get("class") or not hasattr(models, spec["class"]):
+        raise store.StoreError(
+            f"{where}: the sample set of architecture {manifest.get('arch')!r} records no symlib.models "
+            f"class, so its symmetries are unknown; compare it with --symmetries raw, or in Python with a "
+            f"spec"
+        )
+    model = getattr(models, spec["class"])(**spec.get("kwargs", {}))
+    setup = manifest.get("setup") or {}
+    shape = None
+    if setup.get("name") in zoo.PRESETS:
+        cfg = zoo.preset(setup["name"], setup.get("scale") or "cpu")
+        shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    if shape is None:
+        shape = (1, 28, 28) if spec["class"] == "OptuNet" else (spec["kwargs"].get("in_channels", 3), 32, 32)
+    return str(manifest.get("arch")), model, shape
+
+
+def _describe(path: str, manifest: dict[str, Any], n: int) -> str:
+    nets = f"{n} {manifest.get('arch') or 'networks'}"
+    if manifest.get("kind", "zoo") == "zoo":
+        return f"{path} (zoo {manifest.get('preset')}/{manifest.get('scale')}, {nets})"
+    return f"{path} ({manifest.get('method')} {manifest.get('n_modes')}x{manifest.get('n_per_mode')}, {nets})"
+
+
+def _check_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], arch_a: str, arch_b: str, wa: str,
+                wb: str) -> None:
+    if set(a) != set(b):
+        only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        raise ValueError(
+            f"cannot compare {wa} with {wb}: different architectures ({arch_a} vs {arch_b}; tensors only in "
+            f"A {only_a[:4]}, only in B {only_b[:4]}); the MMD compares sets of one architecture"
+        )
+    for k in a:
+        if tuple(a[k].shape[1:]) != tuple(b[k].shape[1:]):
+            raise ValueError(
+                f"cannot compare {wa} with {wb}: layer tensor {k!r} has shape {tuple(a[k].shape[1:])} in A "
+                f"and {tuple(b[k].shape[1:])} in B (another width or number of classes?); the MMD compares "
+                "sets of one architecture"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Two checkpoint sets compared by the MMD (:func:`compare`).
+
+    Attributes:
+        a, b: the two folders (``a`` plays the target); ``n_a``, ``n_b``: their sizes; ``arch``: the
+            architecture.
+        results: ``{symmetries: symlib.stats.mmd.Result}``.
+        n_permutations, n_bootstrap, seed, level: the test's settings.
+    """
+
+    a: str
+    b: str
+    n_a: int
+    n_b: int
+    arch: str
+    results: dict[str, Any]
+    n_permutations: int
+    n_bootstrap: int
+    seed: int
+    level: float = 0.95
+    described: tuple[str, str] = ("", "")
+
+    def rows(self, scale: float = 100.0) -> list[dict[str, Any]]:
+        """One dict per symmetry removal and layer, then ``layer="all"`` (the weighted mean over layers):
+        ``mmd`` (``scale x`` the median over kernels of :math:`\\widehat{\\mathrm{MMD}}{}^2_u`), ``lo`` and
+        ``hi`` (bootstrap interval, when run), ``p`` (permutation p-value, when run), ``params``."""
+        out = []
+        for sym, res in self.results.items():
+            per = (scale * res.value(layers=None)).tolist()
+            lo_hi = None
+            if res.boot is not None:
+                lo_hi = (scale * res.interval(layers=None, level=self.level)).tolist()
+            ps = res.p_value(layers=None).tolist() if res.permuted is not None else None
+            for i, name in enumerate(res.names):
+                out.append(self._row(sym, name, res.sizes[i], per[i], lo_hi[i] if lo_hi else None,
+                                     ps[i] if ps else None))
+            agg_ci = (scale * res.interval(level=self.level)).tolist() if res.boot is not None else None
+            agg_p = float(res.p_value()) if res.permuted is not None else None
+            out.append(self._row(sym, "all", sum(res.sizes), scale * float(res.value()), agg_ci, agg_p))
+        return out
+
+    @staticmethod
+    def _row(sym, layer, params, value, ci, p) -> dict[str, Any]:
+        return {"symmetries": sym, "layer": layer, "params": int(params), "mmd": value,
+                "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "p": p}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything :meth:`rows` holds, with the settings (what ``symlib compare --json`` writes)."""
+        return {
+            "a": self.a, "b": self.b, "n_a": self.n_a, "n_b": self.n_b, "arch": self.arch,
+            "statistic": "100 x MMD^2_u, median over the 20 MMDAgg kernels per layer; layer 'all': mean over "
+                         "layers weighted by their parameter counts",
+            "n_permutations": self.n_permutations, "n_bootstrap": self.n_bootstrap, "seed": self.seed,
+            "level": self.level, "rows": self.rows(),
+        }
+
+    def format(self) -> str:
+        """A plain-text table of :meth:`rows`."""
+        def num(v, fmt="{:.4f}"):
+            return "-" if v is None else fmt.format(v)
+
+        boot = ""
+        if self.n_bootstrap:
+            boot = f", {self.level:.0%} bootstrap interval ({self.n_bootstrap} resamples)"
+        lines = [
+            f"A: {self.described[0] or self.a}",
+            f"B: {self.described[1] or self.b}",
+            "100 x MMD^2 (median over 20 kernels; 'all': weighted mean over layers)"
+            + boot
+            + (f", permutation p-value ({self.n_permutations} re-splits)" if self.n_permutations else ""),
+            f"{'symmetries':10s} {'layer':24s} {'params':>8s} {'MMD':>10s} {'interval':>23s} {'p':>7s}",
+        ]
+        for r in self.rows():
+            ci = f"[{num(r['lo'])}, {num(r['hi'])}]" if r["lo"] is not None else "-"
+            lines.append(f"{r['symmetries']:10s} {r['layer']:24s} {r['params']:8d} {num(r['mmd']):>10s} "
+                         f"{ci:>23s} {num(r['p'], '{:.3f}'):>7s}")
+        return "\n".join(lines)
+
+
+def compare(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    symmetries: Sequence[str] = ("raw", "ns"),
+    n_permutations: int = 200,
+    n_bootstrap: int = 200,
+    seed: int = 0,
+    level: float = 0.95,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> Comparison:
+    r"""The paper's MMD between two checkpoint folders, per layer and aggregated, with intervals and
+    p-values (``symlib.compare``; module docstring).
+
+    Args:
+        a, b: zoo folders, posterior sample-set folders or exported datasets (``hf://owner/name`` too);
+            ``a`` plays the target of the paper (its distances set the kernels' bandwidths).
+        symmetries: removals (:data:`symlib.stats.mmd.SYMMETRIES`): ``"raw"``, ``"ns"`` (the paper's),
+            ``"minmass"``, ``"perm"``, ``"scale"``.
+        n_permutations: re-splits for the permutation test (0: none).
+        n_bootstrap: resamples for the percentile intervals (0: none).
+        seed: of the permutations and resamples.
+        level: of the intervals.
+        device: where to compute.
+        progress: progress bars.
+
+    Returns:
+        A :class:`Comparison` (``.format()``, ``.rows()``, ``.to_dict()``).
+
+    Raises:
+        ValueError: the sets hold different architectures or layer shapes, or an unknown removal.
+        symlib.store.StoreError: a folder is missing, incomplete or damaged.
+    """
+    from symlib.stats import mmd
+    from symlib.symmetry import trace
+
+    syms = tuple(symmetries)
+    bad = [s for s in syms if s not in mmd.SYMMETRIES]
+    if bad or not syms:
+        raise ValueError(f"unknown symmetry removal(s) {bad}; choose among {list(mmd.SYMMETRIES)}")
+    pa, ma = checkpoints.load(a, device=device)
+    pb, mb = checkpoints.load(b, device=device)
+    arch_a, arch_b = str(ma.get("arch")), str(mb.get("arch"))
+    na, nb = int(next(iter(pa.values())).shape[0]), int(next(iter(pb.values())).shape[0])
+    wa, wb = _describe(str(a), ma, na), _describe(str(b), mb, nb)
+    _check_same(pa, pb, arch_a, arch_b, wa, wb)
+    spec = None
+    if any(s != "raw" for s in syms):  # the symmetries of A's architecture (B's has the same tensors)
+        _, model, shape = architecture(ma, str(a))
+        spec = trace.spec_of(model.to(device, torch.float64), shape)
+    res = mmd.table(pa, {"b": pb}, spec, syms, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
+                    seed=seed, progress=progress)
+    return Comparison(str(a), str(b), na, nb, arch_a, {s: res[("b", s)] for s in syms}, n_permutations,
+                      n_bootstrap, seed, level, (wa, wb))
+
+
+def write_json(comparison: Comparison, path: str | os.PathLike) -> None:
+    """Write :meth:`Comparison.to_dict` as JSON to ``path`` (``"-"``: standard output)."""
+    text = json.dumps(comparison.to_dict(), indent=1)
+    if str(path) == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n")

@@ -1,0 +1,240 @@
+r"""Replica exchange (parallel tempering) over HMC chains (book: chapter "A gentle example"; Swendsen & Wang
+1986, Geyer 1991; the even-odd swap schedule of Okabe et al. 2001 and Syed et al. 2021).
+
+A multi-modal posterior traps a single HMC chain in one mode. Replica exchange runs, for each of ``C``
+independent chains, ``K`` replicas at inverse temperatures :math:`1 = \beta_0 > \beta_1 > \dots >
+\beta_{K-1} > 0` of the likelihood,
+
+.. math:: \pi_k(\theta) \propto \exp(-\beta_k L(\theta)) \, p(\theta), \qquad
+          U_k = \beta_k L + \tfrac{\lambda}{2} \lVert\theta\rVert^2,
+
+so that the hottest replica samples nearly the prior and crosses between modes freely. Every round,
+each replica makes one Metropolis-corrected HMC trajectory at its own temperature
+(:func:`symlib.posteriors.hmc.sampler.transition`, its step size adapted by dual averaging during
+warm-up), then neighbouring temperatures propose to exchange their states, alternately the pairs
+:math:`(0, 1), (2, 3), \dots` and :math:`(1, 2), (3, 4), \dots` (deterministic even-odd), accepted with
+probability
+
+.. math:: \min\{1, \exp((\beta_k - \beta_{k+1})(L(\theta_k) - L(\theta_{k+1})))\},
+
+which leaves the product of the :math:`\pi_k` invariant. The draws of :math:`\beta_0 = 1` are a sample
+of the posterior; the ``C`` independent ensembles give ``C`` chains whose R-hat is meaningful. Reported
+per pair of temperatures: the swap acceptance rate; per chain: how many times a replica travelled from
+the coldest to the hottest temperature and back (*round trips*, the measure of how well the ladder
+mixes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+
+from symlib import progress as _progress
+from symlib import scales as _scales
+from symlib.posteriors.hmc.metric import Identity, Metric
+from symlib.posteriors.hmc.potentials import Potential, check_precision
+from symlib.posteriors.hmc.sampler import DualAveraging, initial_step_size, jittered, transition
+
+__all__ = ["TemperedResult", "geometric_ladder", "run_tempered"]
+
+
+def geometric_ladder(n: int, beta_min: float) -> torch.Tensor:
+    """``n`` inverse temperatures from 1 down to ``beta_min`` in geometric steps (float64)."""
+    _scales.check_int("n_temperatures", n, 1)
+    if not 0 < beta_min <= 1:
+        raise ValueError(f"beta_min must lie in (0, 1], got {beta_min!r}")
+    if n == 1:
+        return torch.ones(1, dtype=torch.float64)
+    return torch.logspace(0.0, math.log10(beta_min), n, dtype=torch.float64)
+
+
+@dataclasses.dataclass
+class TemperedResult:
+    """What :func:`run_tempered` returns.
+
+    Attributes:
+        draws: ``(C, S, D)`` states of the coldest replica (:math:`\\beta = 1`, the posterior).
+        potential: ``(C, S)`` their :math:`U = L + \\tfrac\\lambda2|\\theta|^2`; nll: ``(C, S)`` their
+            :math:`L`.
+        betas: ``(K,)`` the ladder.
+        swap_accept: ``(K - 1,)`` acceptance rate of the swaps between neighbours, after warm-up.
+        round_trips: ``(C,)`` coldest -> hottest -> coldest journeys of replicas, after warm-up.
+        accept_prob: ``(K, C)`` mean HMC acceptance probability after warm-up; step_size: ``(K, C)``.
+        divergences: ``(K, C)`` after warm-up.
+        n_leapfrog, n_grad (gradient calls, each for all ``K C`` replicas), seconds.
+    """
+
+    draws: torch.Tensor
+    potential: torch.Tensor
+    nll: torch.Tensor
+    betas: torch.Tensor
+    swap_accept: torch.Tensor
+    round_trips: torch.Tensor
+    accept_prob: torch.Tensor
+    step_size: torch.Tensor
+    divergences: torch.Tensor
+    n_leapfrog: int
+    n_grad: int
+    seconds: float
+
+    def diagnostics(self) -> dict[str, Any]:
+        """JSON-able sampler diagnostics (convergence itself: :mod:`symlib.stats.convergence`)."""
+        return {
+            "betas": [float(b) for b in self.betas],
+            "swap_accept": [round(float(a), 4) for a in self.swap_accept],
+            "round_trips": [int(r) for r in self.round_trips],
+            "accept_prob_cold": [round(float(a), 4) for a in self.accept_prob[0]],
+            "accept_prob_min": float(self.accept_prob.min()),
+            "step_size_cold": [float(s) for s in self.step_size[0]],
+            "divergences": int(self.divergences.sum()),
+            "n_leapfrog": self.n_leapfrog,
+            "n_grad": self.n_grad,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def run_tempered(
+    likelihood: Potential,
+    prior_precision: float,
+    theta0: torch.Tensor,
+    betas: torch.Tensor,
+    n_warmup: int,
+    n_samples: int,
+    n_leapfrog: int,
+    thin: int = 1,
+    target_accept: float = 0.75,
+    jitter: float = 0.1,
+    seed: int = 0,
+    metric: Metric | None = None,
+    progress: bool = True,
+) -> TemperedResult:
+    r"""Replica-exchange HMC: ``C`` independent chains, each a ladder of ``K`` tempered replicas.
+
+    Args:
+        likelihood: ``flat (R, D) -> (L (R,), grad L (R, D))``, the negative log-likelihood of stacked
+            networks (:func:`symlib.posteriors.hmc.potentials.mlp_likelihood`).
+        prior_precision: :math:`\lambda` of the Gaussian prior :math:`\mathcal N(0, \lambda^{-1} I)`.
+        theta0: ``(C, D)`` initial states (every replica of chain ``c`` starts at ``theta0[c]``) or
+            ``(K, C, D)``.
+        betas: ``(K,)`` inverse temperatures, decreasing from 1 (:func:`geometric_ladder`).
+        n_warmup: rounds of step-size adaptation (discarded); n_samples: kept states per chain;
+        n_leapfrog: leapfrog steps per trajectory; thin: rounds per kept state.
+        target_accept, jitter: as :func:`symlib.posteriors.hmc.sampler.run_chains`.
+        seed: momenta, jitter, Metropolis coins and swaps.
+        metric: a mass matrix shared by every replica (default the identity).
+        progress: show a progress bar.
+    """
+    lam = check_precision(prior_precision)
+    betas = torch.as_tensor(betas, dtype=torch.float64)
+    if betas.ndim != 1 or not bool((betas > 0).all()) or float(betas[0]) != 1.0 or not bool(
+        (betas[1:] < betas[:-1]).all()
+    ):
+        raise ValueError(f"betas must decrease strictly from 1 to a positive value, got {betas.tolist()}")
+    _scales.check_int("n_warmup", n_warmup, 0)
+    for name, v in (("n_samples", n_samples), ("n_leapfrog", n_leapfrog), ("thin", thin)):
+        _scales.check_int(name, v, 1)
+    metric = metric or Identity()
+    k = betas.shape[0]
+    start = theta0.detach()
+    if start.ndim == 2:
+        start = start.expand(k, *start.shape)
+    _, c, dim = start.shape
+    dt, dev = start.dtype, start.device
+    theta = start.reshape(k * c, dim).clone()  # row k * C + c: temperature k of chain c
+    beta_row = betas.to(dt).to(dev).repeat_interleave(c)
+    gen = torch.Generator().manual_seed(int(seed))
+    calls = [0]
+    last: dict[str, torch.Tensor] = {}
+
+    def potential(th: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls[0] += 1
+        nll, g = likelihood(th)
+        last["nll"], last["g"] = nll, g
+        return beta_row * nll + 0.5 * lam * (th * th).sum(1), beta_row[:, None] * g + lam * th
+
+    t0 = time.perf_counter()
+    u, g = potential(theta)
+    nll, gl = last["nll"], last["g"]
+    if not bool(torch.isfinite(u).all() & torch.isfinite(g).all()):
+        raise FloatingPointError("non-finite potential or gradient at the initial states")
+    eps = initial_step_size(theta, u, g, potential, gen, metric)
+    adapt = DualAveraging(eps, target_accept)
+    total = n_warmup + n_samples * thin
+    draws = torch.empty(c, n_samples, dim, dtype=dt, device=dev)
+    pots = torch.empty(c, n_samples, dtype=dt, device=dev)
+    nlls = torch.empty(c, n_samples, dtype=dt, device=dev)
+    acc = torch.zeros(k * c, dtype=torch.float64)
+    div = torch.zeros(k * c, dtype=torch.int64)
+    swaps = torch.zeros(max(k - 1, 1), dtype=torch.float64)
+    tries = torch.zeros(max(k - 1, 1), dtype=torch.float64)
+    # replica labels for round trips: which replica sits at each row, and where it last touched an end
+    label = torch.arange(k * c).reshape(k, c)
+    direction = torch.zeros(k * c, dtype=torch.int64)  # 0: not yet at an end, 1: heading hot, 2: heading cold
+    trips = torch.zeros(c, dtype=torch.int64)
+    bar = _progress.bar(total, "replica exchange", enabled=progress)
+    for it in range(total):
+        warm = it < n_warmup
+        if it == n_warmup and n_warmup:
+            eps = adapt.final.to(dt)
+        e = eps if warm else jittered(eps, jitter, gen)
+        st = transition(theta, u, g, e, n_leapfrog, potential, gen, metric, where=str(it))
+        nll = torch.where(st.accepted, last["nll"], nll)
+        gl = torch.where(st.accepted[:, None], last["g"], gl)
+        theta = st.theta
+        if warm:
+            eps = adapt.update(st.accept_prob).to(dt)
+        else:
+            acc += st.accept_prob.cpu()
+            div += st.divergent.long().cpu()
+        # swaps between neighbouring temperatures, even pairs then odd pairs
+        if k > 1:
+            first = it % 2
+            lo = torch.arange(first, k - 1, 2)
+            if lo.numel():
+                la, lb = nll.view(k, c)[lo], nll.view(k, c)[lo + 1]
+                log_r = (betas[lo] - betas[lo + 1]).to(dt).to(dev)[:, None] * (la - lb)
+                coin = torch.rand(lo.numel(), c, generator=gen, dtype=torch.float64).to(dev)
+                ok = torch.log(coin) < log_r.double()
+                if not warm:
+                    swaps[lo] += ok.double().sum(1).cpu()
+                    tries[lo] += c
+                rows_a = (lo[:, None] * c + torch.arange(c)[None]).to(dev)
+                a, b = rows_a[ok], (rows_a + c)[ok]
+                for t in (theta, nll, gl):
+                    t[a], t[b] = t[b].clone(), t[a].clone()
+                lab = label.view(-1)
+                lab[a.cpu()], lab[b.cpu()] = lab[b.cpu()].clone(), lab[a.cpu()].clone()
+        u = beta_row * nll + 0.5 * lam * (theta * theta).sum(1)
+        g = beta_row[:, None] * gl + lam * theta
+        if not warm and k > 1:
+            cold, hot = label[0], label[k - 1]
+            done = direction[cold] == 2
+            trips += done.long()
+            direction[cold] = 1
+            direction[hot] = torch.where(direction[hot] == 1, 2, direction[hot])
+        if not warm:
+            j, r = divmod(it - n_warmup, thin)
+            if r == thin - 1:
+                draws[:, j], nlls[:, j] = theta[:c], nll[:c]
+                pots[:, j] = u[:c]
+        bar.update(1)
+    bar.close()
+    n_after = max(total - n_warmup, 1)
+    return TemperedResult(
+        draws=draws,
+        potential=pots,
+        nll=nlls,
+        betas=betas,
+        swap_accept=swaps / tries.clamp_min(1),
+        round_trips=trips,
+        accept_prob=(acc / n_after).view(k, c),
+        step_size=eps.cpu().view(k, c),
+        divergences=div.view(k, c),
+        n_leapfrog=n_leapfrog,
+        n_grad=calls[0],
+        seconds=time.perf_counter() - t0,
+    )
