@@ -86,14 +86,16 @@ html: $(VENV)/.installed
 
 test: env unit zoo nbval
 
+# On a shared machine, OpenMP threads that spin while they wait for a descheduled sibling made small-op
+# cells 5-10x slower under one competing process: the tests let waiting threads sleep (OMP_WAIT_POLICY).
 unit: $(VENV)/.installed
 	$(VENV)/bin/ruff check symlib tests benchmarks
-	$(PY) -m pytest -q tests
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests
 
 # Re-executes the committed chapters and compares the outputs marked NBVAL_CHECK_OUTPUT.
 nbval: $(VENV)/.installed
 	mkdir -p $(MPLCONFIGDIR) $(IPYTHONDIR)
-	TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+	TQDM_DISABLE=1 OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 	  --nbval-sanitize-with .ci/nbval_sanitize.cfg book/*.ipynb
 
 lint: $(VENV)/.installed
