@@ -11,8 +11,8 @@ their cross-references resolve.
 
 from __future__ import annotations
 
-import ast
 import importlib
+import importlib.util
 import re
 import types
 from pathlib import Path
@@ -25,6 +25,9 @@ import symlib
 ROOT = Path(__file__).resolve().parents[1]
 API = ROOT / "book" / "api"
 PACKAGE = Path(symlib.__file__).parent
+_spec = importlib.util.spec_from_file_location("sync_pages", ROOT / "book/api/_ext/sync_pages.py")
+_SYNC = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_SYNC)
 
 _DIRECTIVE = re.compile(r"^\s*\.\. (auto\w+|currentmodule|module|py:module)::\s*(\S+)\s*$")
 _MISSING = object()
@@ -51,14 +54,7 @@ def _defined(module: str) -> list[str]:
     """Public names a module's source assigns or defines at top level, in source order."""
     path = PACKAGE.parent / Path(*module.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-    names = []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.append(node.name)
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names += [t.id for t in targets if isinstance(t, ast.Name)]
-    return [n for n in dict.fromkeys(names) if not n.startswith("_")]
+    return _SYNC.defined(path)  # the page generator's own reading of a module's names
 
 
 def _public(module: str) -> list[str]:
