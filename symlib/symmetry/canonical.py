@@ -272,6 +272,7 @@ def _sort_perms(theta, spec: Spec, key: str, by: str, margins: dict | None = Non
     cur = dict(theta)
     ties = spec.tie_classes()
     decided: set[str] = set()
+    group_margin: dict[str, torch.Tensor] = {}  # tie -> the margin of the order its decider gave the groups
     for label in perm_order(spec, by, key):
         raw = _keys(cur, spec, label, key, by, nb)
         ranks = _lexicographic([_quantize(k) for k in raw]).argsort(dim=-1).to(torch.float64)
@@ -282,8 +283,12 @@ def _sort_perms(theta, spec: Spec, key: str, by: str, margins: dict | None = Non
             step = _block_sort(ranks, spec, label, ties, decided)
         if margins is not None:
             margins[label] = _margin(raw, step[label], groups)
+            tie = spec.blocks[label][1] if label in spec.blocks else None
             if "blocks" in step:  # the label ordered the blocks of its tie by their top neurons
-                margins[label] = torch.minimum(margins[label], _margin(raw, step.pop("blocks")))
+                group_margin[tie] = _margin(raw, step.pop("blocks"))
+                margins[label] = torch.minimum(margins[label], group_margin[tie])
+            elif tie in group_margin:  # another label of the tie ordered this label's blocks
+                margins[label] = torch.minimum(margins[label], group_margin[tie])
         step.pop("blocks", None)
         # A "max" or "sum" key does not depend on how the other axes are ordered: only the block moves
         # of the labels still to sort (grouped ties) change their keys; "first" needs every step.
@@ -411,7 +416,10 @@ def margins(
     :math:`|k_i - k_j| / \max_l |k_l|` on the first key on which they differ
     (the primary key unless they tie on it); the margin is the smallest gap over
     the label (inside each group for a grouped label, and between the groups'
-    top neurons where the label orders the groups). Rounding the input to a
+    top neurons where the label orders the groups). The labels of a tie
+    (``spec.blocks``: e.g. a depthwise convolution's channels, which move with
+    the channels feeding it) get the margin of the order of their groups too,
+    whichever label of the tie decided it, since that order is theirs. Rounding the input to a
     relative :math:`\epsilon` (:math:`2^{-24} \approx 6 \times 10^{-8}` in float32)
     moves keys by about that much, so a label whose margin is not well above it
     (say below :math:`10^{-6}` in float32) may sort differently for ``theta`` and

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from symlib import threads
 from symlib.params import Params, stack
 from symlib.training.plans import crop, epoch_plans, init_model, pad_images
 from symlib.training.recipe import Recipe
@@ -133,17 +134,13 @@ def train_seeds(
         workers = torch.get_num_threads() if x.device.type == "cpu" else 1
     k = max(1, min(int(workers), len(seeds)))
     jobs = [(s, init_model(make_model, s)) for s in seeds]  # one thread draws every initialisation
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads.single():
         if k == 1:
             return stack([run(job) for job in jobs])
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,)) as pool:
             return stack(list(pool.map(run, jobs)))
-    finally:
-        torch.set_num_threads(before)
 
 
 @torch.no_grad()

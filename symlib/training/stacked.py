@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from symlib import threads
 from symlib.params import Params
 from symlib.training.optunet import STACKED_FORWARD, optunet_loss_grads_native, step_function
 from symlib.training.plans import batch_plans, check_images, crop_rows, cutter, pad_images
@@ -90,12 +91,8 @@ def loss_and_grads(
     def work(sl: slice) -> tuple[torch.Tensor, Params]:
         return fn({n: v[sl] for n, v in params.items()}, x[sl], y[sl], **{n: v[sl] for n, v in extra.items()})
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads.single():
         parts = list(_shared_pool(k).map(work, _groups(m, k)))
-    finally:
-        torch.set_num_threads(before)
     loss = torch.cat([p[0] for p in parts])
     return loss, {n: torch.cat([p[1][n] for p in parts]) for n in parts[0][1]}
 
@@ -268,13 +265,8 @@ def _model_threads(k: int):
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            yield pool
-    finally:
-        torch.set_num_threads(before)
+    with threads.single(), ThreadPoolExecutor(k, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        yield pool
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 from scipy.spatial.distance import squareform
 
-from symlib import models, zoo
+from symlib import models, threads, zoo
 from symlib import training as train
 from symlib.paper import collapse, permfreq
 from symlib.plotting import collapse as plotting_collapse
@@ -29,10 +29,8 @@ LN2 = math.log(2)
 @pytest.fixture(autouse=True)
 def _one_thread(monkeypatch):
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny networks: threads only add contention on a shared machine
-    yield
-    torch.set_num_threads(n)
+    with threads.single():  # tiny networks: threads only add contention on a shared machine
+        yield
 
 
 def _images(n, classes, size=32, seed=0):

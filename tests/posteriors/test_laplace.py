@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from symlib import models
+from symlib import models, threads
 from symlib import training as T
 from symlib.posteriors import laplace as L
 from symlib.posteriors.base import Setup
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tiny matrices: one thread (multithreaded LAPACK crawls on an oversubscribed CPU)."""
-    with L.curvature.one_thread():
+    with threads.single():
         yield
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from symlib import models
+from symlib import models, threads
 from symlib import training as T
 from symlib.posteriors import sghmc
 from symlib.posteriors import temperature as TT
@@ -21,10 +21,8 @@ N, D, B, SIGMA, LAM = 400, 3, 20, 0.5, 1.0
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Thousands of tiny steps: one thread (intra-op threads only add overhead, a lot on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with threads.single():
+        yield
 
 
 def _regression():

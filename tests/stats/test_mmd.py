@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from symlib import models
+from symlib import models, threads
 from symlib.stats import mmd
 from symlib.symmetry import ops, trace
 from symlib.symmetry.spec import mlp_spec
@@ -23,10 +23,8 @@ F64 = torch.float64
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """These problems are tiny: one thread avoids thread-pool overhead (large on a shared machine)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with threads.single():
+        yield
 
 
 # ------------------------------------------------------------------ loop reference

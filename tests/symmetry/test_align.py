@@ -16,7 +16,7 @@ import scenarios
 import scipy.linalg
 import torch
 
-from symlib import models
+from symlib import models, threads
 from symlib.symmetry import align, check, ops
 from symlib.symmetry.spec import SymmetryError, mlp_spec
 from symlib.symmetry.trace import spec_of
@@ -25,10 +25,8 @@ from symlib.symmetry.trace import spec_of
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Small matrices: one thread avoids oversubscription on a shared machine (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with threads.single():
+        yield
 
 
 ARCHS = ("mlp", "optunet", "resnet20", "grouped", "grouped_head", "residual_mlp")

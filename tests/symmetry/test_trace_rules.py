@@ -280,6 +280,16 @@ def test_margins_report_ties_and_gaps():
     assert float(canonical.margins(dup, spec)["0"]) == 0.0
 
 
+def test_margins_of_a_tie_include_the_order_of_its_groups():
+    """A depthwise convolution's channels move with the stream that feeds it (one tie): the stream's
+    sort decides their order, so their margin is that order's, not ``inf`` (one neuron per group), and a
+    float32 near-tie of the stream shows on the depthwise layer too (EfficientNet-B1's SE layers)."""
+    spec, theta, _ = _build(ConvNeXtBlock(), (2, 8, 8), scalings="partial")
+    stream = spec.blocks["dw"][1]
+    m = canonical.margins(theta, spec, scaling=None)
+    assert 0 < float(m[stream]) < float("inf") and float(m["dw"]) == float(m[stream])
+
+
 def test_alignment_refuses_labels_on_slices():
     from symlib.symmetry import align
 

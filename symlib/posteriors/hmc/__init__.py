@@ -32,7 +32,9 @@ epochs, at most ``polish_epochs``; part of the burn-in). The sampler (:func:`run
 * sampling: the step size frozen at its averaged value :math:`\bar\epsilon`, jittered uniformly by
   :math:`\pm` ``jitter`` per trajectory (so is the trajectory's length), keep every ``thin``-th state;
 * a trajectory whose energy error exceeds 1000 or is not finite is *divergent* (Stan's convention) and
-  is rejected; divergences are counted per chain.
+  is rejected; divergences are counted per chain;
+* optionally (``orbit_moves``), before every trajectory, an exact Gibbs move of every neuron along its
+  scaling orbit (:mod:`symlib.posteriors.hmc.orbits`), where the likelihood is constant and HMC creeps.
 
 Diagnostics (:func:`symlib.posteriors.hmc.local.judge`, on every kept state while the set stores every
 ``keep_every``-th): R-hat and bulk/tail ESS on raw weights, canonical forms and invariant functionals
@@ -57,7 +59,7 @@ from symlib import scales as _scales
 from symlib import training as _train
 from symlib.params import Params, flatten, unflatten
 from symlib.posteriors.base import Method, Request, SampleSet, Setup
-from symlib.posteriors.hmc import metric
+from symlib.posteriors.hmc import metric, orbits
 from symlib.posteriors.hmc.potentials import (
     Potential,
     check_precision,
@@ -79,6 +81,7 @@ __all__ = [
     "leapfrog",
     "metric",
     "mlp_likelihood",
+    "orbits",
     "module_potential",
     "preset",
     "run_chains",
@@ -102,6 +105,22 @@ __all__ = [
 # * 150 draws of 8 steps (1,600 gradients) or 45 draws of 40 steps (2,400 gradients): per-chain split R-hat
 #   of the potential 1.02-2.1, bulk ESS 1.4-18, the predictive probabilities of single test digits worse (ESS
 #   ~2): at this budget the chains do not reach equilibrium even within their own basins.
+# Measured later (4 chains, 200 draws of 16-24 steps, ~4,000-5,500 gradients per chain):
+# * polish: L-BFGS on all chains at once stalls (U/N still falling after 400 iterations, gradient norms ~150);
+#   Levenberg-Marquardt with the GGN reaches U/N 0.13-0.24 in 30 iterations (46 s), then stalls at the
+#   float32 resolution of U. From there the chains reach their typical level (U/N + d / 2N = +0.05) within
+#   30 warm-up trajectories, yet their training NLL keeps falling while they sample (0.158 -> 0.141);
+# * the metric's damping limits the step along the scaling orbits: GGN + I gives step 0.03, GGN + I + 1000
+#   on the orbits' tangents 0.08-0.10. Whitened by that metric, the draws' covariance has eigenvalues up to
+#   2,000-2,900 (124 of 392 above 1): the posterior is far wider than the Laplace approximation along
+#   curved directions, and widening the metric to the draws' covariance shrinks the step to 0.02-0.05;
+# * along the scaling orbits the posterior's mass is far from the mode's balanced scales (the orbit volume:
+#   a conv1 channel's incoming norm falls from ~5.5 to ~3); exact moves along them (orbit_moves,
+#   symlib.posteriors.hmc.orbits) put the scales at equilibrium at once and raise the per-chain ESS of the
+#   test log-likelihood from 12-26 to 21-48 of 200 draws, but single test digits' probabilities and the
+#   potential stay at ESS 1.6-5 in some chains. With this preset they change nothing (ESS 1.5-2.1).
+# A per-chain-converged OptuNet reference needs a better sampler than a fixed Euclidean metric (or far more
+# than 10 CPU-minutes); the chapter reports what this one reaches.
 # The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
 # trajectories, and reports what it reaches. paper: a GPU-sized run of the same.
 PRESETS = {
@@ -197,8 +216,15 @@ def _draw(req: Request, **hyper) -> SampleSet:
         met, metric_seconds = local.ggn_metric(setup, start, cfg.metric_damping or lam, cfg.metric_images)
     theta0 = flatten(start)
     n_keep = n_per_mode * cfg.keep_every
+    moves = None
+    if cfg.orbit_moves:
+        from symlib.posteriors.hmc.orbits import ScalingMoves
+        from symlib.symmetry import trace
+
+        spec = trace.spec_of(setup.make_model().to(torch.float64), tuple(setup.x.shape[1:]))
+        moves = ScalingMoves(spec, shapes, lam)
     res = run_chains(potential, theta0, cfg.n_warmup, n_keep, cfg.n_leapfrog, cfg.thin, cfg.target_accept,
-                     cfg.jitter, seed=seed, progress=progress, metric=met)
+                     cfg.jitter, seed=seed, progress=progress, metric=met, moves=moves)
     t0 = time.perf_counter()
     judged = {}
     if n_keep >= 4:

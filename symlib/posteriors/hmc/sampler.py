@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +59,9 @@ class Config:
         n_test, n_probe: test images of the test log-likelihood, and how many of them get their predictive
             probability diagnosed (the invariant functionals; the training images if the setup has no
             test set).
+        orbit_moves: before every trajectory, move every neuron along its scaling orbit by an exact
+            Gibbs step (:class:`symlib.posteriors.hmc.orbits.ScalingMoves`; one more gradient per
+            trajectory). Needs a spec whose hidden layers all have scalings.
     """
 
     n_warmup: int
@@ -73,6 +77,7 @@ class Config:
     keep_every: int = 1
     n_test: int = 1000
     n_probe: int = 20
+    orbit_moves: bool = False
 
     def __post_init__(self):
         zero_ok = ("n_warmup", "polish_epochs", "metric_images", "n_probe")
@@ -222,6 +227,7 @@ class HMCResult:
         seconds: wall time; seconds_warmup: of which warm-up.
         metric: the mass matrix's description.
         warmup_potential: ``(C, n_warmup)`` :math:`U` after every warm-up trajectory (the burn-in's trace).
+        orbit_accept: ``(C,)`` mean acceptance of the moves along the scaling orbits (``None`` without).
     """
 
     draws: torch.Tensor
@@ -237,6 +243,7 @@ class HMCResult:
     seconds_warmup: float
     metric: dict = dataclasses.field(default_factory=lambda: {"mass_matrix": "identity"})
     warmup_potential: torch.Tensor | None = None
+    orbit_accept: torch.Tensor | None = None
 
     def diagnostics(self) -> dict[str, Any]:
         """JSON-able diagnostics: R-hat and ESS of the weights (max/median, min/median) and of the potential
@@ -270,6 +277,8 @@ class HMCResult:
             seconds=round(self.seconds, 2),
             seconds_warmup=round(self.seconds_warmup, 2),
         )
+        if self.orbit_accept is not None:
+            d["orbit_accept"] = [round(float(a), 4) for a in self.orbit_accept]
         return d
 
 
@@ -329,6 +338,7 @@ def run_chains(
     on_nonfinite: str = "divergence",
     progress: bool = True,
     metric: Metric | None = None,
+    moves: Callable[[torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> HMCResult:
     """Run ``C`` stacked HMC chains from ``theta0``.
 
@@ -352,6 +362,10 @@ def run_chains(
             does) or ``"raise"`` (stop with an error naming the chain and the trajectory).
         progress: show a progress bar.
         metric: the mass matrix (:mod:`symlib.posteriors.hmc.metric`; default the identity).
+        moves: an extra move applied before every trajectory that leaves the target invariant,
+            ``(theta, generator) -> (theta, acceptance (C,))``
+            (:class:`symlib.posteriors.hmc.orbits.ScalingMoves`); the potential and its gradient are
+            recomputed after it.
     """
     if on_nonfinite not in ("divergence", "raise"):
         raise ValueError(f"on_nonfinite must be 'divergence' or 'raise', got {on_nonfinite!r}")
@@ -389,6 +403,7 @@ def run_chains(
     n_acc = torch.zeros(c, dtype=torch.float64, device=dev)
     div = torch.zeros(c, dtype=torch.int64, device=dev)
     div_warm = torch.zeros(c, dtype=torch.int64, device=dev)
+    orbit_acc = torch.zeros(c, dtype=torch.float64)
     t_warm = 0.0
     bar = _progress.bar(total, "hmc", enabled=progress)
     for it in range(total):
@@ -398,6 +413,11 @@ def run_chains(
                 eps = adapt.final.to(dt)
             t_warm = time.perf_counter() - t_start
         e = eps if warm else jittered(eps, jitter, gen)
+        if moves is not None:
+            theta, acc = moves(theta, gen)
+            orbit_acc += acc.cpu()
+            u, g = counted(theta)
+            _check_state(u, g, f"after the extra move before trajectory {it}")
         st = transition(theta, u, g, e, n_leapfrog, counted, gen, metric, on_nonfinite, str(it))
         theta, u, g = st.theta, st.u, st.grad
         if warm:
@@ -428,4 +448,5 @@ def run_chains(
         seconds_warmup=t_warm if n_warmup else 0.0,
         metric=metric.describe(),
         warmup_potential=warm_pots.cpu(),
+        orbit_accept=orbit_acc / max(total, 1) if moves is not None else None,
     )

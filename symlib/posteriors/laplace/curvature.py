@@ -7,7 +7,6 @@ every stacked mode: by hand for OptuNet (:mod:`symlib.posteriors.laplace.optunet
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from symlib import progress as _progress
+from symlib import threads
 from symlib.params import Params
 from symlib.posteriors.laplace import optunet as _optunet
 from symlib.posteriors.laplace.evidence import Fits, log_marginal_likelihood
@@ -32,18 +32,6 @@ def check_finite(h: torch.Tensor, what: str, mode: int) -> None:
             f"the {what} of mode {mode} is not finite (NaN or inf): the base model's logits overflow or its "
             f"weights are not finite; check the base models and the data"
         )
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run small dense LAPACK calls (eigh, Cholesky of a few hundred rows) on one CPU thread: threads
-    gain nothing at this size, and multithreaded LAPACK slows down by 10-30x on an oversubscribed CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def flat_names(make_model: Callable[[], nn.Module]) -> list[tuple[str, tuple[int, ...]]]:
@@ -185,12 +173,12 @@ def sample_full(
     for i in range(n_modes):
         check_finite(h[i], "GGN" if hessian == "ggn" else "Hessian", i)
         hs = 0.5 * (h[i] + h[i].T)
-        with one_thread():
+        with threads.single():  # small dense LAPACK: 10-30x slower threaded on a busy CPU
             eigs, vecs = torch.linalg.eigh(hs)
         mean = torch.cat([base[k][i].reshape(-1).to(torch.float64) for k, _ in names])
         sq = float(mean @ mean)
         lam = lam_of(eigs, sq)
-        with one_thread():
+        with threads.single():  # small dense LAPACK: 10-30x slower threaded on a busy CPU
             chol, info = torch.linalg.cholesky_ex(hs + lam * torch.eye(d, dtype=hs.dtype, device=dev))
         if int(info):
             raise torch.linalg.LinAlgError(

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from symlib import progress as _progress
+from symlib import threads
 from symlib.params import Params
-from symlib.posteriors.laplace.curvature import check_finite, one_thread
+from symlib.posteriors.laplace.curvature import check_finite
 from symlib.posteriors.laplace.evidence import Fits, log_marginal_likelihood
 
 __all__ = ["BIAS", "KronFactors", "KronPosterior", "kron_factors", "last_layer_name"]
@@ -136,7 +137,7 @@ class KronPosterior:
     prior_precision: float
 
     def __post_init__(self):
-        with one_thread():
+        with threads.single():
             self.g_eig, self.qg = torch.linalg.eigh(self.factors.g)
             self.a_eig, self.qa = torch.linalg.eigh(self.factors.a)
 

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from symlib import threads
 from symlib.params import Params
 from symlib.symmetry import ops
 from symlib.symmetry.align.costs import (
@@ -231,17 +232,13 @@ def align_many(mean_ref: Params, means: Params, spec: Spec, std_ref: Params | No
     out_m, out_s = [], []
     # One network at a time is a stream of small tensor operations: intra-op threads only wait for each
     # other there, and on a shared machine their spinning made the loop 4-5 times slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads.single():
         for i in range(batch[0]):
             one_m = {k: v[i] for k, v in means.items()}
             one_s = None if stds is None else {k: v[i] for k, v in stds.items()}
             r = align(mean_ref, one_m, spec, std_ref, one_s, cost=cost, **kwargs)
             out_m.append(r.mean)
             out_s.append(r.std)
-    finally:
-        torch.set_num_threads(before)
     mean = {k: torch.stack([m[k] for m in out_m]) for k in means}
     std = None if stds is None else {k: torch.stack([s[k] for s in out_s]) for k in stds}
     return mean, std
