@@ -8,7 +8,21 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 SCALE  ?= cpu
 DEVICE ?= cpu
-CHAPTERS ?= $(basename $(notdir $(wildcard notebooks/*.md)))
+ALL_CHAPTERS := $(basename $(notdir $(wildcard notebooks/*.md)))
+# Longest first (measured at scale=cpu), so that parallel lanes end together; chapters not listed run last.
+LONGEST_FIRST := table1 alignment collapse own_network toy minmass permfreq architectures marginals
+CHAPTERS ?= $(filter $(ALL_CHAPTERS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_CHAPTERS))
+# Chapters that load the shared caches (make zoo); table1 also loads its sample sets.
+ZOO_CHAPTERS := minmass table1 collapse alignment
+# Chapters run in LANES parallel lanes, JOBS at most (default: 2 on a CPU, since many cells are small
+# operations that one core runs as fast as two and kernel start-up is serial; 1 on a GPU), never more
+# lanes than chapters or cores; each lane gets NCPU / LANES intra-op threads (torch, OpenMP, BLAS), so
+# that lanes x threads never exceed the cores.
+NCPU := $(shell nproc 2>/dev/null || echo 1)
+JOBS ?= $(if $(filter cpu,$(DEVICE)),$(if $(filter 1,$(NCPU)),1,2),1)
+LANES = $(shell j=$(JOBS); c=$(words $(CHAPTERS)); [ $$c -lt $$j ] && j=$$c; [ $$j -gt $(NCPU) ] && j=$(NCPU); \
+                [ $$j -ge 1 ] && echo $$j || echo 1)
+LANE_THREADS = $(shell n=$$(( $(NCPU) / $(LANES) )); [ $$n -ge 1 ] && echo $$n || echo 1)
 BUILD  := build
 # teacher: solutions as toggles (build/_build/html); student: every solution removed (build/student/_build/html)
 EDITION ?= teacher
@@ -23,13 +37,13 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(BUILD)/cache/jupyter-data
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
-.PHONY: help env data zoo book chapters html test unit nbval lint bench clean lab
+.PHONY: help env data zoo book chapters chapter html test unit nbval lint bench clean lab
 help:
 	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
 	@echo "make test   - environment + unit/property tests + shared zoo + nbval over book/*.ipynb"
 	@echo "make zoo    - train (or check) the zoo and Table 1's sample sets the chapters share (SYMLIB_CACHE)"
 	@echo "make bench  - run every benchmark under benchmarks/"
-	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only"
+	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only (JOBS=$(JOBS) at a time)"
 	@echo "make html [EDITION=student] - HTML only, from the committed chapters (student: no solutions)"
 	@echo "make lab    - JupyterLab on notebooks/: the chapters open as notebooks through jupytext"
 
@@ -62,16 +76,32 @@ zoo: $(VENV)/.installed
 
 book: env zoo chapters html
 
+# The shared caches are filled (or checked, seconds) before the lanes start, so that two chapters never
+# train the same zoo at once.
 chapters: $(VENV)/.installed
 	mkdir -p $(BUILD)/nb book $(MPLCONFIGDIR) $(IPYTHONDIR)
-	for ch in $(CHAPTERS); do
-	  echo "== chapter $$ch (scale=$(SCALE), device=$(DEVICE))"
-	  $(VENV)/bin/jupytext --quiet --to ipynb -o $(BUILD)/nb/$$ch.ipynb notebooks/$$ch.md
-	  TQDM_DISABLE=1 $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
-	    -p scale $(SCALE) -p device $(DEVICE) $(BUILD)/nb/$$ch.ipynb $(BUILD)/nb/$$ch.out.ipynb
-	  $(PY) -c "import sys; from symlib.paper.book import fold_parameters; fold_parameters(sys.argv[1])" $(BUILD)/nb/$$ch.out.ipynb
-	  mv $(BUILD)/nb/$$ch.out.ipynb book/$$ch.ipynb
-	done
+	$(if $(filter $(ZOO_CHAPTERS),$(CHAPTERS)),$(PY) -m symlib.paper.caches --scale $(SCALE) --device $(DEVICE) \
+	  $(if $(filter table1,$(CHAPTERS)),,--no-table1))
+	echo "== $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each (scale=$(SCALE), device=$(DEVICE))"
+	start=$$(date +%s)
+	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} $(MAKE) -s --no-print-directory chapter CH={} THREADS=$(LANE_THREADS)
+	echo "== chapters done in $$(( $$(date +%s) - start )) s"
+
+# One chapter: jupytext, papermill with the parameters, the parameters folded, book/$(CH).ipynb.
+chapter: $(VENV)/.installed
+	if [ -z "$(CH)" ] || [ ! -f notebooks/$(CH).md ]; then
+	  echo "make chapter CH=<name>: one of $(ALL_CHAPTERS)" >&2; exit 2
+	fi
+	t=$(or $(THREADS),$(NCPU))
+	start=$$(date +%s)
+	echo "== chapter $(CH) (scale=$(SCALE), device=$(DEVICE), $$t thread(s))"
+	$(VENV)/bin/jupytext --quiet --to ipynb -o $(BUILD)/nb/$(CH).ipynb notebooks/$(CH).md
+	OMP_NUM_THREADS=$$t MKL_NUM_THREADS=$$t OPENBLAS_NUM_THREADS=$$t TQDM_DISABLE=1 \
+	  $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
+	  -p scale $(SCALE) -p device $(DEVICE) $(BUILD)/nb/$(CH).ipynb $(BUILD)/nb/$(CH).out.ipynb
+	$(PY) -c "import sys; from symlib.paper.book import fold_parameters; fold_parameters(sys.argv[1])" $(BUILD)/nb/$(CH).out.ipynb
+	mv $(BUILD)/nb/$(CH).out.ipynb book/$(CH).ipynb
+	echo "== chapter $(CH) done in $$(( $$(date +%s) - start )) s"
 
 # MathJax is served from the book itself (the django-static-mathjax wheel ships MathJax 3), so math
 # renders when the HTML is opened offline.
