@@ -119,6 +119,14 @@ __all__ = [
 #   symlib.posteriors.hmc.orbits) put the scales at equilibrium at once and raise the per-chain ESS of the
 #   test log-likelihood from 12-26 to 21-48 of 200 draws, but single test digits' probabilities and the
 #   potential stay at ESS 1.6-5 in some chains. With this preset they change nothing (ESS 1.5-2.1).
+# * a true mode does not help: Levenberg-Marquardt in float64 (GGN, then the exact Hessian; 150 iterations,
+#   ~6 min for 4 chains) takes U/N from 0.146-0.171 to 0.129-0.148, converged to 1e-7 but with gradient
+#   norms stuck at 10-25 (ReLU kinks; the Hessian had negative eigenvalues down to -55 on the way). Chains
+#   started there (orbit moves, GGN + orbit-damped metric, 200 draws of 16 steps) still drift: one chain's
+#   U/N fell from 0.191 to 0.168 across the quarters of its draws, below its start's U/N + d / 2N (0.184),
+#   so the "mode" is not the bottom of the mass the chain finds; per-chain potential ESS 1.4-22.
+#   400 more draws (11,000 gradients per chain in all): another chain's U/N still falling (0.195 -> 0.185),
+#   per-chain potential ESS 2.6-34 of 400 draws.
 # A per-chain-converged OptuNet reference needs a better sampler than a fixed Euclidean metric (or far more
 # than 10 CPU-minutes); the chapter reports what this one reaches.
 # The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
