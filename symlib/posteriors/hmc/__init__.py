@@ -119,9 +119,10 @@ __all__ = [
 #   symlib.posteriors.hmc.orbits) put the scales at equilibrium at once and raise the per-chain ESS of the
 #   test log-likelihood from 12-26 to 21-48 of 200 draws, but single test digits' probabilities and the
 #   potential stay at ESS 1.6-5 in some chains. With this preset they change nothing (ESS 1.5-2.1).
-# * a true mode does not help: Levenberg-Marquardt in float64 (GGN, then the exact Hessian; 150 iterations,
-#   ~6 min for 4 chains) takes U/N from 0.146-0.171 to 0.129-0.148, converged to 1e-7 but with gradient
-#   norms stuck at 10-25 (ReLU kinks; the Hessian had negative eigenvalues down to -55 on the way). Chains
+# * a true mode does not help: Levenberg-Marquardt in float64 (20 iterations with the GGN, then 170 with the
+#   exact Hessian; 7 min for 4 chains) takes U/N from 0.146-0.171 to 0.129-0.148, converged to 1e-7 but
+#   with gradient norms stuck at 10-25 (ReLU kinks; the Hessian had negative eigenvalues down to -55 on the
+#   way). Chains
 #   started there (orbit moves, GGN + orbit-damped metric, 200 draws of 16 steps) still drift: one chain's
 #   U/N fell from 0.191 to 0.168 across the quarters of its draws, below its start's U/N + d / 2N (0.184),
 #   so the "mode" is not the bottom of the mass the chain finds; per-chain potential ESS 1.4-22.
