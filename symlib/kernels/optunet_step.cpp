@@ -6,8 +6,8 @@
 // ((feature, ..., image), B contiguous values), so each loop below runs over the B images of a batch as
 // independent SIMD lanes: no reassociation is needed for vectorisation, and the working set of one model
 // (its transposed images, about 3 KiB per image) stays in the core's L2 cache. The lanes are explicit (GCC
-// vector extensions, 64-byte vectors: 16 floats or 8 doubles); the batch is padded with zero images to a
-// whole number of vectors, whose gradient is zero.
+// vector extensions, one register wide: 16 floats or 8 doubles with AVX-512, 8 or 4 with AVX2); the batch is
+// padded with zero images to a whole number of vectors, whose gradient is zero.
 //
 // Network (symlib.models.OptuNet): conv 1 (2 x 1 x 4 x 4, no bias) on 28 x 28, max-pool 3 (rows and columns
 // 0..23 of the 25 x 25 map; first maximum of each window in row-major order, PyTorch's rule), ReLU, grouped
@@ -26,10 +26,21 @@
 
 namespace {
 
+// The vector width follows the instruction set: 64 bytes with AVX-512 (32 registers of that width), 32 bytes
+// with AVX/AVX2 (16 registers of 32 bytes: 64-byte vectors there are register pairs, and conv 1's 18
+// accumulators spill to memory, measured 6x slower on an AVX2 machine), 16 bytes otherwise.
+#if defined(__AVX512F__)
+#define SYMLIB_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define SYMLIB_VECTOR_BYTES 32
+#else
+#define SYMLIB_VECTOR_BYTES 16
+#endif
+
 template <typename T>
 struct Lanes {
-  typedef T V __attribute__((vector_size(64)));
-  static constexpr int L = 64 / sizeof(T);
+  typedef T V __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
+  static constexpr int L = SYMLIB_VECTOR_BYTES / sizeof(T);
 };
 
 // Scratch of one thread: every buffer is (features, Bp) with Bp = B rounded up to whole vectors.

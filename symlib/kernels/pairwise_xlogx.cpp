@@ -4,8 +4,8 @@
 //
 // where h holds each model's halved probabilities (floored at the smallest normal float, rows padded to a
 // whole number of vectors with 1/2, where q log q = 0 exactly). One pass per pair: the addition, the
-// logarithm and the product-sum run in registers, 16 floats at a time. The logarithm is, with AVX-512, a
-// table-driven one (below), else Cephes' logf (range reduction to [sqrt(1/2), sqrt(2)), a degree-9
+// logarithm and the product-sum run in registers, a register of floats at a time (16 with AVX-512). The
+// logarithm is, with AVX-512, a table-driven one (below), else Cephes' logf (range reduction to [sqrt(1/2), sqrt(2)), a degree-9
 // polynomial); both within about one unit in the last place of a float. The sums are taken per lane in
 // float32 over 256 values and accumulated in float64.
 //
@@ -20,9 +20,39 @@
 
 namespace {
 
-typedef float VF __attribute__((vector_size(64)));
-typedef int32_t VI __attribute__((vector_size(64)));
-typedef double VD __attribute__((vector_size(64)));
+// One register wide: 64 bytes with AVX-512, 32 with AVX/AVX2 (64-byte vectors there are register pairs, and
+// the logarithm's polynomial spills to memory: measured 2x slower than numpy on an AVX2 machine), else 16.
+#if defined(__AVX512F__)
+#define SYMLIB_VECTOR_BYTES 64
+#elif defined(__AVX__)
+#define SYMLIB_VECTOR_BYTES 32
+#else
+#define SYMLIB_VECTOR_BYTES 16
+#endif
+constexpr int NF = SYMLIB_VECTOR_BYTES / 4;  // floats per vector
+typedef float VF __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
+typedef int32_t VI __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
+typedef double VD __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
+
+inline VD widen_lo(VF v) {
+#if SYMLIB_VECTOR_BYTES == 64
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), VD);
+#elif SYMLIB_VECTOR_BYTES == 32
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), VD);
+#else
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), VD);
+#endif
+}
+
+inline VD widen_hi(VF v) {
+#if SYMLIB_VECTOR_BYTES == 64
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), VD);
+#elif SYMLIB_VECTOR_BYTES == 32
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), VD);
+#else
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), VD);
+#endif
+}
 
 #if defined(__AVX512F__)
 // AVX-512: exponent and mantissa in one instruction each, then a 16-entry table on the mantissa's top four
@@ -91,23 +121,23 @@ inline VF vlog(VF x) {
 // S for rows a and b of length F (a multiple of 16)
 inline double pair_sum(const float* __restrict a, const float* __restrict b, int64_t F) {
   VD acc_lo = {}, acc_hi = {};
-  const int64_t nv = F / 16;
-  for (int64_t v0 = 0; v0 < nv; v0 += 16) {
-    const int64_t v1 = v0 + 16 < nv ? v0 + 16 : nv;
+  const int64_t nv = F / NF, block = 256 / NF;  // float32 partial sums over 256 values
+  for (int64_t v0 = 0; v0 < nv; v0 += block) {
+    const int64_t v1 = v0 + block < nv ? v0 + block : nv;
     VF part = {};
     for (int64_t v = v0; v < v1; ++v) {
       VF va, vb;
-      __builtin_memcpy(&va, a + 16 * v, sizeof(VF));
-      __builtin_memcpy(&vb, b + 16 * v, sizeof(VF));
+      __builtin_memcpy(&va, a + NF * v, sizeof(VF));
+      __builtin_memcpy(&vb, b + NF * v, sizeof(VF));
       const VF q = va + vb;
       part += q * vlog(q);
     }
-    acc_lo += __builtin_convertvector(__builtin_shufflevector(part, part, 0, 1, 2, 3, 4, 5, 6, 7), VD);
-    acc_hi += __builtin_convertvector(__builtin_shufflevector(part, part, 8, 9, 10, 11, 12, 13, 14, 15), VD);
+    acc_lo += widen_lo(part);
+    acc_hi += widen_hi(part);
   }
   const VD acc = acc_lo + acc_hi;
   double s = 0;
-  for (int l = 0; l < 8; ++l) s += acc[l];
+  for (int l = 0; l < NF / 2; ++l) s += acc[l];
   return s;
 }
 
@@ -131,7 +161,7 @@ void symlib_pairwise_xlogx_f32(int64_t N, int64_t F, const float* h, int64_t i0,
 
 // Cephes' logf on n floats (tests).
 void symlib_vlog_f32(int64_t n, const float* x, float* out) {
-  for (int64_t i = 0; i + 16 <= n; i += 16) {
+  for (int64_t i = 0; i + NF <= n; i += NF) {
     VF v;
     __builtin_memcpy(&v, x + i, sizeof(VF));
     const VF r = vlog(v);

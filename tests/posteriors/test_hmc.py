@@ -145,6 +145,27 @@ def test_sample_optunet_tiny():
     assert out.hyper["prior_precision"] == pytest.approx(48 * 2e-4)
 
 
+def test_sample_optunet_with_the_gauged_metric():
+    """gauge_sigma end to end: the mass matrix follows the orbits, and the potential the diagnostics judge
+    is the posterior's (the gauge's energy taken out): it equals U recomputed at the kept draws."""
+    s = _setup(dtype=torch.float64)
+    out = hmc.sample(s, 2, 5, seed=0, progress=False, n_warmup=3, n_leapfrog=2, grad_chunk=32, metric="ggn",
+                     gauge_sigma=0.1, orbit_moves=True)
+    d = out.diagnostics
+    assert out.hyper["mass_matrix"] == "ggn, following the scaling orbits" and "orbit_accept" in d
+    theta = hmc.flatten(out.params).reshape(2, 5, -1)
+    u, _ = hmc.stacked_potential(s.x, s.y, s.prior_precision, chunk=32)(theta.reshape(10, -1))
+    recorded = np.asarray(d["potential_trace"]) * s.n_train
+    np.testing.assert_allclose(recorded, u.reshape(2, 5).numpy(), rtol=1e-10)
+    without = hmc.sample(s, 2, 5, seed=0, progress=False, n_warmup=3, n_leapfrog=2, grad_chunk=32,
+                         metric="ggn", gauge_sigma=0.1)
+    assert "orbit_accept" not in without.diagnostics
+    with pytest.raises(ValueError, match="metric='ggn'"):
+        hmc.Config(n_warmup=1, n_leapfrog=1, gauge_sigma=0.1)
+    with pytest.raises(ValueError, match="gauge_sigma"):
+        hmc.Config(n_warmup=1, n_leapfrog=1, metric="ggn", gauge_sigma=-1.0)
+
+
 def test_bad_input_is_named():
     s = _setup(wd=0.0)
     with pytest.raises(ValueError, match="prior precision"):

@@ -59,6 +59,7 @@ from symlib import scales as _scales
 from symlib import training as _train
 from symlib.params import Params, flatten, unflatten
 from symlib.posteriors.base import Method, Request, SampleSet, Setup
+from symlib.posteriors.hmc import gauge as _gauge
 from symlib.posteriors.hmc import metric, orbits
 from symlib.posteriors.hmc.potentials import (
     Potential,
@@ -173,6 +174,23 @@ def _base_models(setup: Setup, seeds: list[int], progress: bool) -> Params:
     return {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models]) for k in init}
 
 
+def _moves(orbit_moves, gauge):
+    """The move before every trajectory: the exact orbit move, then the gauge's redraw (either may be
+    ``None``); ``None`` when there is neither."""
+    if orbit_moves is None and gauge is None:
+        return None
+
+    def moves(theta: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        acc = torch.ones(theta.shape[0], dtype=torch.float64)
+        if orbit_moves is not None:
+            theta, acc = orbit_moves(theta, gen)
+        if gauge is not None:
+            gauge.refresh(theta, gen)
+        return theta, acc
+
+    return moves
+
+
 def _draw(req: Request, **hyper) -> SampleSet:
     """HMC samples: ``n_modes`` chains, ``n_per_mode`` stored states each (chain-major).
 
@@ -220,20 +238,31 @@ def _draw(req: Request, **hyper) -> SampleSet:
         potential, shapes = module_potential(setup.make_model, setup.x, setup.y, lam, cfg.grad_chunk)
     start = {k: base[k].to(setup.device, setup.x.dtype) for k in shapes}
     start, polished = local.polish(setup, start, seeds, potential, cfg.polish_epochs, progress=progress)
-    met, metric_seconds = metric.Identity(), 0.0
-    if cfg.metric == "ggn":
-        met, metric_seconds = local.ggn_metric(setup, start, cfg.metric_damping or lam, cfg.metric_images)
     theta0 = flatten(start)
     n_keep = n_per_mode * cfg.keep_every
-    moves = None
-    if cfg.orbit_moves:
-        from symlib.posteriors.hmc.orbits import ScalingMoves
+    orbit_moves = gauge = None
+    if cfg.orbit_moves or cfg.gauge_sigma:
         from symlib.symmetry import trace
 
         spec = trace.spec_of(setup.make_model().to(torch.float64), tuple(setup.x.shape[1:]))
-        moves = ScalingMoves(spec, shapes, lam)
-    res = run_chains(potential, theta0, cfg.n_warmup, n_keep, cfg.n_leapfrog, cfg.thin, cfg.target_accept,
-                     cfg.jitter, seed=seed, progress=progress, metric=met, moves=moves)
+        orbit_moves = orbits.ScalingMoves(spec, shapes, lam)
+    met, metric_seconds = metric.Identity(), 0.0
+    if cfg.gauge_sigma:
+        t0 = time.perf_counter()
+        g, _ = local.ggn(setup, start, cfg.metric_images)
+        gauge = _gauge.OrbitGauge(orbit_moves.powers, theta0, g, lam, cfg.gauge_sigma)
+        met, metric_seconds = gauge.metric(), time.perf_counter() - t0
+    elif cfg.metric == "ggn":
+        met, metric_seconds = local.ggn_metric(setup, start, cfg.metric_damping or lam, cfg.metric_images)
+    moves = _moves(orbit_moves if cfg.orbit_moves else None, gauge)
+    res = run_chains(gauge.wrap(potential) if gauge else potential, theta0, cfg.n_warmup, n_keep,
+                     cfg.n_leapfrog, cfg.thin, cfg.target_accept, cfg.jitter, seed=seed, progress=progress,
+                     metric=met, moves=moves)
+    if gauge is not None:  # the recorded potential includes the gauge's energy: take it out
+        its = [cfg.n_warmup + k * cfg.thin + cfg.thin - 1 for k in range(n_keep)]
+        for k, it in enumerate(its):
+            e, _ = gauge.gauge_energy(res.draws[:, k], gauge.history[it])
+            res.potential[:, k] -= e.to(res.potential.dtype).to(res.potential.device)
     t0 = time.perf_counter()
     judged = {}
     if n_keep >= 4:
@@ -250,8 +279,11 @@ def _draw(req: Request, **hyper) -> SampleSet:
         data="the training set, no augmentation",
         step_size_adaptation="dual averaging (Hoffman & Gelman 2014)",
     )
+    sampler_diagnostics = res.diagnostics()
+    if not cfg.orbit_moves:
+        sampler_diagnostics.pop("orbit_accept", None)
     diagnostics = {
-        **res.diagnostics(),
+        **sampler_diagnostics,
         "polish": polished,
         "metric": {k: v for k, v in met.describe().items() if k != "mass_matrix"},
         "seconds_metric": round(metric_seconds, 2),

@@ -29,7 +29,7 @@ from symlib.posteriors.base import Setup
 from symlib.posteriors.hmc.metric import Dense, from_curvature
 from symlib.posteriors.hmc.potentials import Potential
 
-__all__ = ["ggn_metric", "judge", "polish", "probes"]
+__all__ = ["ggn", "ggn_metric", "judge", "polish", "probes"]
 
 PER_CHAIN_RHAT = 1.05
 PER_CHAIN_ESS = 50.0
@@ -66,17 +66,24 @@ def polish(setup: Setup, start: Params, seeds: list[int], potential: Potential, 
     return start, {"epochs": epochs, "trace": trace, "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def ggn_metric(setup: Setup, start: Params, damping: float, images: int = 0) -> tuple[Dense, float]:
-    r"""The dense metric :math:`M = G + c I` of every chain, :math:`G` the GGN of the summed cross-entropy
-    at ``start`` on the first ``images`` training images (0: all), scaled to all ``N``. Returns the metric
-    and the seconds it took."""
+def ggn(setup: Setup, start: Params, images: int = 0) -> tuple[torch.Tensor, int]:
+    """The GGN ``(C, D, D)`` (float64) of the summed cross-entropy of every chain at ``start``, on the first
+    ``images`` training images (0: all), scaled to all ``N``; and the images used."""
     from symlib.posteriors.laplace import curvature
 
-    t0 = time.perf_counter()
     m = setup.n_train if images <= 0 else min(images, setup.n_train)
     base = {k: v.to(torch.float64) for k, v in start.items()}
     g, _ = curvature.full_curvature(setup.make_model, base, setup.x[:m], setup.y[:m], arch=setup.arch)
-    met = from_curvature(g * (setup.n_train / m), damping, {"metric_images": m, "damping": damping})
+    return g * (setup.n_train / m), m
+
+
+def ggn_metric(setup: Setup, start: Params, damping: float, images: int = 0) -> tuple[Dense, float]:
+    r"""The dense metric :math:`M = G + c I` of every chain, :math:`G` the GGN of the summed cross-entropy
+    at ``start`` on the first ``images`` training images (0: all), scaled to all ``N`` (:func:`ggn`).
+    Returns the metric and the seconds it took."""
+    t0 = time.perf_counter()
+    g, m = ggn(setup, start, images)
+    met = from_curvature(g, damping, {"metric_images": m, "damping": damping})
     return met, time.perf_counter() - t0
 
 

@@ -88,6 +88,7 @@ class ScalingMoves:
                 moved = ops.scale(ones, spec, {label: lam})
                 rows.append(torch.cat([moved[k].log().flatten() for k in shapes]))
             self.labels.append((label, torch.stack(rows)))  # (n, D): p_j of every neuron
+        self.powers = torch.cat([p for _, p in self.labels])  # (K, D): every neuron's exponents
 
     def _log_f(self, t, sq, powers, kappa):
         # -lam/2 sum_j exp(2 p_j t) theta_j^2 + kappa t, for t (C, n); sq (C, D); powers (n, D)

@@ -62,6 +62,9 @@ class Config:
         orbit_moves: before every trajectory, move every neuron along its scaling orbit by an exact
             Gibbs step (:class:`symlib.posteriors.hmc.orbits.ScalingMoves`; one more gradient per
             trajectory). Needs a spec whose hidden layers all have scalings.
+        gauge_sigma: with ``metric="ggn"``, a positive value makes the mass matrix follow the chain along
+            its scaling orbit through an auxiliary gauge of this noise (log-scale units;
+            :mod:`symlib.posteriors.hmc.gauge`); 0 keeps the start's metric fixed.
     """
 
     n_warmup: int
@@ -78,6 +81,7 @@ class Config:
     n_test: int = 1000
     n_probe: int = 20
     orbit_moves: bool = False
+    gauge_sigma: float = 0.0
 
     def __post_init__(self):
         zero_ok = ("n_warmup", "polish_epochs", "metric_images", "n_probe")
@@ -92,6 +96,10 @@ class Config:
             raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
         if isinstance(self.metric_damping, bool) or not self.metric_damping >= 0:
             raise ValueError(f"metric_damping must be >= 0, got {self.metric_damping!r}")
+        if isinstance(self.gauge_sigma, bool) or not (0 <= self.gauge_sigma < math.inf):
+            raise ValueError(f"gauge_sigma must be >= 0 and finite, got {self.gauge_sigma!r}")
+        if self.gauge_sigma and self.metric != "ggn":
+            raise ValueError("gauge_sigma moves the GGN metric along the orbits: it needs metric='ggn'")
 
 
 def leapfrog(
