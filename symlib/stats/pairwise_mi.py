@@ -148,7 +148,8 @@ def pairwise_mi(
     The cost is one logarithm per pair, input and class. On a CPU with AVX-512 in float32 (the default for
     float32 ``p``) the pairwise term is the compiled kernel of :mod:`symlib.kernels` where it builds: one
     pass per pair with the addition, a vectorised logarithm (about one ulp) and the product-sum in registers,
-    summed in float32 over 256 values and then in float64, rows in blocks of 8 over ``workers`` threads. Otherwise (float64, no AVX-512, ``native=False``, no compiler) the blocks are numpy arrays:
+    summed in float32 over 256 values and then in float64, rows in blocks of 8 over ``workers`` threads.
+    Otherwise (float64, no AVX-512, ``native=False``, no compiler) the blocks are numpy arrays:
     numpy's vectorised float32 logarithm (AVX-512) is about three times as fast as torch's, in base 2
     four times (:math:`\sum q \log q = \ln 2 \sum q \log_2 q`, the factor applied to the float64 sums;
     numpy's float32 ``log2`` is also within one ulp), and the product and the sum are one BLAS dot
