@@ -129,6 +129,13 @@ __all__ = [
 #   so the "mode" is not the bottom of the mass the chain finds; per-chain potential ESS 1.4-22.
 #   400 more draws (11,000 gradients per chain in all): another chain's U/N still falling (0.195 -> 0.185),
 #   per-chain potential ESS 2.6-34 of 400 draws.
+# * a metric that follows the orbits does not help either (gauge_sigma=0.1, symlib.posteriors.hmc.gauge: the
+#   start's GGN + the gauge term carried to each trajectory's scales, + lambda I, no other damping; orbit
+#   moves; 4 chains from the first four base models, 60 polish epochs, 30 warm-up and 100 kept trajectories
+#   of 16 steps, 2,214 gradients per chain, 466 s on a 2-core AVX2 machine shared with make zoo): step sizes
+#   0.038-0.059, acceptance 0.73-0.82, U/N still falling over the quarters of every chain (e.g. 0.213 ->
+#   0.194), per-chain bulk ESS of the potential 1.7-14.6, of the test log-likelihood 12-48, worst invariant
+#   functional 1.5-1.9, split R-hat 1.55-2.01.
 # A per-chain-converged OptuNet reference needs a better sampler than a fixed Euclidean metric (or far more
 # than 10 CPU-minutes); the chapter reports what this one reaches.
 # The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
