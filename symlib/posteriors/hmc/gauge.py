@@ -50,7 +50,7 @@ import math
 
 import torch
 
-from symlib.posteriors.hmc.metric import Metric
+from symlib.posteriors.hmc.metric import Dense, Metric
 from symlib.posteriors.hmc.potentials import Potential
 from symlib.symmetry.spec import SymmetryError
 
@@ -112,11 +112,11 @@ class OrbitGauge:
         self.mask = mask.to(torch.float64)
         self.a_inv = torch.linalg.inv(a)
         self.sigma, self.lam = float(sigma), float(prior_precision)
-        th0 = theta0.detach().to(torch.float64)
+        th0 = theta0.detach().to("cpu", torch.float64)
         self._sumsq(th0, check=True)
         self.s0 = self.estimate(th0)
         j0 = self.jacobian(th0)
-        h = curvature.to(torch.float64)
+        h = curvature.to("cpu", torch.float64)
         self.h0 = 0.5 * (h + h.transpose(1, 2)) + j0.transpose(1, 2) @ j0 / self.sigma**2
         self.s = self.s0.clone()
         self.history: list[torch.Tensor] = []
@@ -136,11 +136,11 @@ class OrbitGauge:
 
     def estimate(self, theta: torch.Tensor) -> torch.Tensor:
         r""":math:`\hat s(\theta) = A^{-1} \ell(\theta)`, ``(C, K)``."""
-        return (0.5 * self._sumsq(theta).log()) @ self.a_inv.T
+        return (0.5 * self._sumsq(theta.to("cpu")).log()) @ self.a_inv.T
 
     def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
         r""":math:`\partial \hat s / \partial \theta`, ``(C, K, D)``."""
-        th = theta.to(torch.float64)
+        th = theta.to("cpu", torch.float64)
         dl = self.mask[None] * th[:, None, :] / self._sumsq(th)[..., None]  # (C, K, D)
         return self.a_inv @ dl
 
@@ -149,12 +149,12 @@ class OrbitGauge:
         r""":math:`E = |s - \hat s(\theta)|^2 / 2\sigma^2` per chain and its gradient in :math:`\theta`
         (float64), with the current gauge unless ``s`` is given."""
         s = self.s if s is None else s
-        th = theta.to(torch.float64)
+        th = theta.to("cpu", torch.float64)
         sq = self._sumsq(th)
         r = s - (0.5 * sq.log()) @ self.a_inv.T  # (C, K)
         w = r @ self.a_inv  # (C, K): A^{-T} r
         grad = -(th * ((w / sq) @ self.mask)) / self.sigma**2
-        return 0.5 * (r * r).sum(1) / self.sigma**2, grad
+        return (0.5 * (r * r).sum(1) / self.sigma**2).to(theta.device), grad.to(theta.device)
 
     def wrap(self, potential: Potential) -> Potential:
         """The potential of :math:`\\theta` given the current gauge: ``potential`` plus
@@ -163,7 +163,7 @@ class OrbitGauge:
         def gauged(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             u, g = potential(flat)
             e, ge = self.gauge_energy(flat)
-            return u + e.to(u.dtype), g + ge.to(g.dtype)
+            return u + e.to(u.device, u.dtype), g + ge.to(g.device, g.dtype)
 
         return gauged
 
@@ -189,41 +189,39 @@ class OrbitGauge:
 
 class GaugedMetric(Metric):
     """A dense mass matrix :math:`M(s)` re-factorised whenever the gauge is refreshed
-    (:meth:`OrbitGauge.precision`); constant during each trajectory."""
+    (:meth:`OrbitGauge.precision`; a :class:`~symlib.posteriors.hmc.metric.Dense` in between): constant
+    during each trajectory."""
 
     name = "ggn, following the scaling orbits"
 
     def __init__(self, gauge: OrbitGauge):
         self.gauge = gauge
         self._version = -1
-        self._chol: torch.Tensor | None = None
+        self._dense: Dense | None = None
 
     @property
-    def chol(self) -> torch.Tensor:
-        if self._version != self.gauge.version or self._chol is None:
+    def dense(self) -> Dense:
+        """The metric of the current gauge."""
+        if self._version != self.gauge.version or self._dense is None:
             chol, bad = torch.linalg.cholesky_ex(self.gauge.precision())
             if bool((bad != 0).any()):
                 raise FloatingPointError(f"the gauged mass matrix is not positive definite for chain(s) "
                                          f"{bad.nonzero().flatten().tolist()}")
-            self._chol, self._version = chol, self.gauge.version
-        return self._chol
+            self._dense, self._version = Dense(chol), self.gauge.version
+        return self._dense
 
+    # the gauge lives on the CPU (float64); the chains' tensors may not
     def momentum(self, shape, gen, dtype, device):
-        z = torch.randn(shape, generator=gen, dtype=torch.float64)
-        return (self.chol @ z[..., None])[..., 0].to(device, dtype)
+        return self.dense.momentum(shape, gen, dtype, "cpu").to(device)
 
     def velocity(self, p):
-        v = torch.cholesky_solve(p.to("cpu", torch.float64)[..., None], self.chol)[..., 0]
-        return v.to(p.device, p.dtype)
+        return self.dense.velocity(p.cpu()).to(p.device)
 
     def kinetic(self, p):
-        p64 = p.to("cpu", torch.float64)[..., None]
-        w = torch.linalg.solve_triangular(self.chol, p64, upper=False)[..., 0]
-        return (0.5 * (w * w).sum(1)).to(p.device, p.dtype)
+        return self.dense.kinetic(p.cpu()).to(p.device)
 
     def take(self, index):
         raise NotImplementedError("a gauged metric follows its chains' own gauges: no replica exchange")
 
     def describe(self):
         return {"mass_matrix": self.name, "gauge_sigma": self.gauge.sigma}
-
