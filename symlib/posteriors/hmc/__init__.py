@@ -136,6 +136,12 @@ __all__ = [
 #   0.038-0.059, acceptance 0.73-0.82, U/N still falling over the quarters of every chain (e.g. 0.213 ->
 #   0.194), per-chain bulk ESS of the potential 1.7-14.6, of the test log-likelihood 12-48, worst invariant
 #   functional 1.5-1.9, split R-hat 1.55-2.01.
+# * nor does a burn-in at temperature 1 by minibatch dynamics, where an epoch moves ~60 steps for the cost of
+#   one gradient: 300 epochs of SGHMC (corrected, no crops; 220 s for 4 chains) from the base models, then the
+#   same gauged sampler (2,214 gradients per chain, 400 s): U/N 0.21-0.25 after SGHMC, 0.19-0.21 under HMC,
+#   one chain stationary over its quarters (0.190, 0.184, 0.189, 0.190), another still falling (0.204 ->
+#   0.187); per-chain bulk ESS of the potential 1.9-10, of the test log-likelihood 2.3-14, worst invariant
+#   functional 1.5-1.7. The chains mix slowly at equilibrium, not only on the way there.
 # A per-chain-converged OptuNet reference needs a better sampler than a fixed Euclidean metric (or far more
 # than 10 CPU-minutes); the chapter reports what this one reaches.
 # The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
