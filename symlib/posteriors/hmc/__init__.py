@@ -141,7 +141,11 @@ __all__ = [
 #   same gauged sampler (2,214 gradients per chain, 400 s): U/N 0.21-0.25 after SGHMC, 0.19-0.21 under HMC,
 #   one chain stationary over its quarters (0.190, 0.184, 0.189, 0.190), another still falling (0.204 ->
 #   0.187); per-chain bulk ESS of the potential 1.9-10, of the test log-likelihood 2.3-14, worst invariant
-#   functional 1.5-1.7. The chains mix slowly at equilibrium, not only on the way there.
+#   functional 1.5-1.7 (deterministic: a rerun on quiet cores gave the same numbers, SGHMC 62 s, HMC 156 s).
+#   The slowest functionals are trends, not flips: a confident probe creeping from 0.998 to 1 in the chain whose
+#   U held steady, an ambiguous one rising from 0.3 to 1.0 in another; each conv2 channel's contribution
+#   (mean activity on 1,000 training digits x the norm of its fc column, invariant along the orbits) drifts
+#   too, per-chain bulk ESS 1.6-28. The chains keep sharpening their predictions for thousands of gradients.
 # A per-chain-converged OptuNet reference needs a better sampler than a fixed Euclidean metric (or far more
 # than 10 CPU-minutes); the chapter reports what this one reaches.
 # The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
