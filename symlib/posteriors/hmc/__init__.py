@@ -142,14 +142,14 @@ __all__ = [
 #   one chain stationary over its quarters (0.190, 0.184, 0.189, 0.190), another still falling (0.204 ->
 #   0.187); per-chain bulk ESS of the potential 1.9-10, of the test log-likelihood 2.3-14, worst invariant
 #   functional 1.5-1.7 (deterministic: a rerun on quiet cores gave the same numbers, SGHMC 62 s, HMC 156 s).
-#   The slowest functionals are trends, not flips: a confident probe creeping from 0.998 to 1 in the chain whose
-#   U held steady, an ambiguous one rising from 0.3 to 1.0 in another; each conv2 channel's contribution
+#   The slowest functionals are trends, not flips: a confident probe creeping from 0.998 to 1 in the chain
+#   whose U held steady, an ambiguous one rising from 0.3 to 1.0 in another; each conv2 channel's contribution
 #   (mean activity on 1,000 training digits x the norm of its fc column, invariant along the orbits) drifts
 #   too, per-chain bulk ESS 1.6-28. The chains keep sharpening their predictions for thousands of gradients.
-#   Two Metropolis moves of all weights by a common factor e^t (t ~ N(0, 0.01^2), Jacobian e^{Dt}) before each
-#   trajectory (accepted 70%) changed nothing: worst per-chain ESS 1.5-2.1, U/N still falling in 3 of 4 chains.
-# A per-chain-converged OptuNet reference needs a better sampler than a fixed Euclidean metric (or far more
-# than 10 CPU-minutes); the chapter reports what this one reaches.
+#   Two Metropolis moves of all weights by a common factor e^t (t ~ N(0, 0.01^2), Jacobian e^{Dt}) before
+#   each trajectory (accepted 70%) changed nothing: worst per-chain ESS 1.5-2.1, U/N falling in 3 of 4 chains.
+# A per-chain-converged OptuNet reference needs a better sampler than these (or far more than 10
+# CPU-minutes); the chapter reports what this one reaches.
 # The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
 # trajectories, and reports what it reaches. paper: a GPU-sized run of the same.
 PRESETS = {
