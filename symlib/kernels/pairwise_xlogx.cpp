@@ -5,9 +5,9 @@
 // where h holds each model's halved probabilities (floored at the smallest normal float, rows padded to a
 // whole number of vectors with 1/2, where q log q = 0 exactly). One pass per pair: the addition, the
 // logarithm and the product-sum run in registers, a register of floats at a time (16 with AVX-512). The
-// logarithm is, with AVX-512, a table-driven one (below), else Cephes' logf (range reduction to [sqrt(1/2), sqrt(2)), a degree-9
-// polynomial); both within about one unit in the last place of a float. The sums are taken per lane in
-// float32 over 256 values and accumulated in float64.
+// logarithm is, with AVX-512, a table-driven one (below), else Cephes' logf (range reduction to
+// [sqrt(1/2), sqrt(2)), a degree-9 polynomial); both within about one unit in the last place of a float.
+// The sums are taken per lane in float32 over 256 values and accumulated in float64.
 //
 // Rows are processed in blocks of R models against every later model, so that each later row is read once
 // per block (R pairs) while the block's rows stay in cache.

@@ -170,8 +170,9 @@ def pairwise_mi(
         progress: show a progress bar over row blocks.
         workers: CPU threads (default ``torch.get_num_threads()``); ignored on CUDA.
         native: use the compiled CPU kernel for float32 where available (``False``: the numpy blocks;
-            ``None``, the default: the kernel on CPUs with AVX-512, where it was measured about 1.3x the
-            numpy blocks, else the numpy blocks, measured 1.6x the kernel on a 2-core AVX2 machine).
+            ``None``, the default: the kernel on CPUs with AVX-512, where ``benchmarks/pairwise_mi.py``
+            measured it about twice as fast as the numpy blocks, else the numpy blocks, measured 1.6x
+            the kernel on a 2-core AVX2 machine).
 
     Returns:
         float64 tensor on ``p``'s device: the condensed vector of the :math:`N(N-1)/2` pairs in

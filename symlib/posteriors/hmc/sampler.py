@@ -64,7 +64,8 @@ class Config:
             trajectory). Needs a spec whose hidden layers all have scalings.
         gauge_sigma: with ``metric="ggn"``, a positive value makes the mass matrix follow the chain along
             its scaling orbit through an auxiliary gauge of this noise (log-scale units;
-            :mod:`symlib.posteriors.hmc.gauge`); 0 keeps the start's metric fixed.
+            :mod:`symlib.posteriors.hmc.gauge`; the metric's prior term is then the prior's precision,
+            ``metric_damping`` does not apply); 0 keeps the start's metric fixed.
     """
 
     n_warmup: int
