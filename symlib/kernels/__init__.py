@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 SOURCES = (Path(__file__).with_name("optunet_step.cpp"), Path(__file__).with_name("pairwise_xlogx.cpp"))
+HEADERS = (Path(__file__).with_name("vector_width.h"),)  # included by the sources: part of the cache key
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC"]
 KERNEL_VERSION = 2
 
@@ -65,7 +66,7 @@ def _cpu_signature() -> str:
 
 def _build(cxx: str) -> Path:
     """Compile :data:`SOURCES` into one library (or find it compiled) and return its path."""
-    src = b"\0".join(p.read_bytes() for p in SOURCES)
+    src = b"\0".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]

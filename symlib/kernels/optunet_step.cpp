@@ -24,19 +24,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "vector_width.h"
+
 namespace {
 
-// The vector width follows the instruction set: 64 bytes with AVX-512 (32 registers of that width), 32 bytes
-// with AVX/AVX2 (16 registers of 32 bytes: 64-byte vectors there are register pairs, and conv 1's 18
-// accumulators spill to memory, measured 6x slower on an AVX2 machine), 16 bytes otherwise.
-#if defined(__AVX512F__)
-#define SYMLIB_VECTOR_BYTES 64
-#elif defined(__AVX__)
-#define SYMLIB_VECTOR_BYTES 32
-#else
-#define SYMLIB_VECTOR_BYTES 16
-#endif
-
+// One register wide (vector_width.h): conv 1's 18 accumulators stay in registers.
 template <typename T>
 struct Lanes {
   typedef T V __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));

@@ -14,44 +14,28 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include "vector_width.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace {
 
-// One register wide: 64 bytes with AVX-512, 32 with AVX/AVX2 (64-byte vectors there are register pairs, and
-// the logarithm's polynomial spills to memory: measured 2x slower than numpy on an AVX2 machine), else 16.
-#if defined(__AVX512F__)
-#define SYMLIB_VECTOR_BYTES 64
-#elif defined(__AVX__)
-#define SYMLIB_VECTOR_BYTES 32
-#else
-#define SYMLIB_VECTOR_BYTES 16
-#endif
+// One register wide (vector_width.h).
 constexpr int NF = SYMLIB_VECTOR_BYTES / 4;  // floats per vector
 typedef float VF __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
 typedef int32_t VI __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
 typedef double VD __attribute__((vector_size(SYMLIB_VECTOR_BYTES)));
+typedef float VH __attribute__((vector_size(SYMLIB_VECTOR_BYTES / 2)));
 
-inline VD widen_lo(VF v) {
-#if SYMLIB_VECTOR_BYTES == 64
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), VD);
-#elif SYMLIB_VECTOR_BYTES == 32
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), VD);
-#else
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), VD);
-#endif
-}
-
-inline VD widen_hi(VF v) {
-#if SYMLIB_VECTOR_BYTES == 64
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), VD);
-#elif SYMLIB_VECTOR_BYTES == 32
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), VD);
-#else
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), VD);
-#endif
+// Half ``h`` (0: the low lanes, 1: the high ones) of a float vector, widened to doubles.
+inline VD widen(const VF& v, int h) {
+  VH half;
+  std::memcpy(&half, reinterpret_cast<const float*>(&v) + h * (NF / 2), sizeof(VH));
+  return __builtin_convertvector(half, VD);
 }
 
 #if defined(__AVX512F__)
@@ -132,8 +116,8 @@ inline double pair_sum(const float* __restrict a, const float* __restrict b, int
       const VF q = va + vb;
       part += q * vlog(q);
     }
-    acc_lo += widen_lo(part);
-    acc_hi += widen_hi(part);
+    acc_lo += widen(part, 0);
+    acc_hi += widen(part, 1);
   }
   const VD acc = acc_lo + acc_hi;
   double s = 0;

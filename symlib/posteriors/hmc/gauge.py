@@ -120,8 +120,7 @@ class OrbitGauge:
         self.a_inv = torch.linalg.inv(a)
         self.sigma, self.lam = float(sigma), float(prior_precision)
         th0 = theta0.detach().to("cpu", torch.float64)
-        self._sumsq(th0, check=True)
-        self.s0 = self.estimate(th0)
+        self.s0 = self.estimate(th0, check=True)
         j0 = self.jacobian(th0)
         h = curvature.to("cpu", torch.float64)
         self.h0 = 0.5 * (h + h.transpose(1, 2)) + j0.transpose(1, 2) @ j0 / self.sigma**2
@@ -141,9 +140,12 @@ class OrbitGauge:
                                      "networks")
         return sq
 
-    def estimate(self, theta: torch.Tensor) -> torch.Tensor:
-        r""":math:`\hat s(\theta) = A^{-1} \ell(\theta)`, ``(C, K)``."""
-        return (0.5 * self._sumsq(theta.to("cpu")).log()) @ self.a_inv.T
+    def _from_sumsq(self, sq: torch.Tensor) -> torch.Tensor:
+        return (0.5 * sq.log()) @ self.a_inv.T
+
+    def estimate(self, theta: torch.Tensor, check: bool = False) -> torch.Tensor:
+        r""":math:`\hat s(\theta) = A^{-1} \ell(\theta)`, ``(C, K)`` (``check``: see :meth:`_sumsq`)."""
+        return self._from_sumsq(self._sumsq(theta.to("cpu"), check))
 
     def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
         r""":math:`\partial \hat s / \partial \theta`, ``(C, K, D)``."""
@@ -158,7 +160,7 @@ class OrbitGauge:
         s = self.s if s is None else s
         th = theta.to("cpu", torch.float64)
         sq = self._sumsq(th)
-        r = s - (0.5 * sq.log()) @ self.a_inv.T  # (C, K)
+        r = s - self._from_sumsq(sq)  # (C, K)
         w = r @ self.a_inv  # (C, K): A^{-T} r
         grad = -(th * ((w / sq) @ self.mask)) / self.sigma**2
         return (0.5 * (r * r).sum(1) / self.sigma**2).to(theta.device), grad.to(theta.device)
@@ -178,8 +180,7 @@ class OrbitGauge:
         """Draw the gauge of every chain from :math:`\\mathcal N(\\hat s(\\theta), \\sigma^2 I)` (exact
         Gibbs) and append it to :attr:`history`."""
         noise = torch.randn(self.s0.shape, generator=gen, dtype=torch.float64)
-        self._sumsq(theta.detach().cpu(), check=True)
-        self.s = self.estimate(theta.detach().cpu()) + self.sigma * noise
+        self.s = self.estimate(theta.detach(), check=True) + self.sigma * noise
         self.history.append(self.s.clone())
         self.version += 1
 
