@@ -116,13 +116,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     return lib, ""
 
 
-def has_avx512() -> bool:
-    """Whether this CPU has AVX-512 (``avx512f`` in ``/proc/cpuinfo``), where the pairwise kernel's
-    table-driven logarithm runs (without it, :func:`symlib.stats.pairwise_mi.pairwise_mi` prefers its numpy
-    path: measured faster on an AVX2 machine)."""
-    return "avx512f" in _cpu_signature().split()
-
-
 def available() -> bool:
     """Whether the compiled kernels can be used here (builds them on the first call)."""
     return _load()[0] is not None

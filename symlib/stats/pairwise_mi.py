@@ -128,7 +128,7 @@ def pairwise_mi(
     dtype: torch.dtype | None = None,
     progress: bool = False,
     workers: int | None = None,
-    native: bool | None = None,
+    native: bool = True,
 ) -> torch.Tensor:
     r"""Mutual information of every two-member ensemble, averaged over the inputs (§5.1, App. D.2).
 
@@ -145,11 +145,11 @@ def pairwise_mi(
     per block, on at most ``block`` elements (two buffers: memory bounded), the chunk sums accumulated in
     float64. No Python loop runs over pairs.
 
-    The cost is one logarithm per pair, input and class. On a CPU with AVX-512 in float32 (the default for
-    float32 ``p``) the pairwise term is the compiled kernel of :mod:`symlib.kernels` where it builds: one
-    pass per pair with the addition, a vectorised logarithm (about one ulp) and the product-sum in registers,
-    summed in float32 over 256 values and then in float64, rows in blocks of 8 over ``workers`` threads.
-    Otherwise (float64, no AVX-512, ``native=False``, no compiler) the blocks are numpy arrays:
+    The cost is one logarithm per pair, input and class. On the CPU in float32 (the default for float32
+    ``p``) the pairwise term is the compiled kernel of :mod:`symlib.kernels` where it builds: one pass per
+    pair with the addition, a vectorised logarithm (Cephes' ``logf``, about one ulp) and the product-sum in
+    registers, summed in float32 over 256 values and then in float64, rows in blocks of 8 over ``workers``
+    threads. Otherwise (float64, ``native=False``, no compiler) the blocks are numpy arrays:
     numpy's vectorised float32 logarithm (AVX-512) is about three times as fast as torch's, in base 2
     four times (:math:`\sum q \log q = \ln 2 \sum q \log_2 q`, the factor applied to the float64 sums;
     numpy's float32 ``log2`` is also within one ulp), and the product and the sum are one BLAS dot
@@ -169,10 +169,7 @@ def pairwise_mi(
         dtype: the dtype of the blocks (default: ``p``'s); float64 for exact checks.
         progress: show a progress bar over row blocks.
         workers: CPU threads (default ``torch.get_num_threads()``); ignored on CUDA.
-        native: use the compiled CPU kernel for float32 where available (``False``: the numpy blocks;
-            ``None``, the default: the kernel on CPUs with AVX-512, where ``benchmarks/pairwise_mi.py``
-            measured it about twice as fast as the numpy blocks, else the numpy blocks, measured 1.6x
-            the kernel on a 2-core AVX2 machine).
+        native: use the compiled CPU kernel for float32 where available (``False``: the numpy blocks).
 
     Returns:
         float64 tensor on ``p``'s device: the condensed vector of the :math:`N(N-1)/2` pairs in
@@ -199,13 +196,10 @@ def pairwise_mi(
     chunks, width, rows, cols = _layout(feats, block, CPU_MAX_WIDTH if on_cpu else feats)
     sums = torch.empty(n_models * (n_models - 1) // 2, dtype=torch.float64, device=dev)
     total = len(range(0, n_models - 1, rows))
-    if native is None:
-        native = _prefer_native()
-    use_native = on_cpu and dtype == torch.float32 and native and _native_kernels()
-    if use_native:
+    if on_cpu and dtype == torch.float32 and native and _native_kernels():
         total = len(range(0, n_models - 1, NATIVE_ROWS))
     with _progress.bar(total=total, desc="pairwise MI", enabled=progress) as pbar:
-        if use_native:
+        if on_cpu and dtype == torch.float32 and native and _native_kernels():
             h = _pairwise_sums_native(p, sums, workers, pbar)
         elif on_cpu:
             h = _pairwise_sums_cpu(p, dtype, chunks, width, rows, cols, sums.numpy(), workers, pbar)
@@ -228,12 +222,6 @@ def _native_kernels() -> bool:
     from symlib import kernels
 
     return kernels.available()
-
-
-def _prefer_native() -> bool:
-    from symlib import kernels
-
-    return kernels.has_avx512()
 
 
 def _mean_entropies(flat: np.ndarray, n_inputs: int) -> np.ndarray:

@@ -154,7 +154,7 @@ def test_native_pairwise_mi_equals_float64_loop(n_models, n_inputs):
     g = torch.Generator().manual_seed(n_models)
     p = torch.softmax(3 * torch.randn(n_models, n_inputs, 10, generator=g), -1)
     p[0, 0] = torch.nn.functional.one_hot(torch.tensor(3), 10).float()  # zeros: 0 log 0 = 0
-    native = pairwise_mi.pairwise_mi(p, workers=2, native=True)
+    native = pairwise_mi.pairwise_mi(p, workers=2)
     numpy_path = pairwise_mi.pairwise_mi(p, native=False)
     p64 = p.double()
     ref = []
@@ -167,24 +167,4 @@ def test_native_pairwise_mi_equals_float64_loop(n_models, n_inputs):
     # float32 probabilities and sums: a few 1e-7 nats (the benchmark's tolerance is 1e-6)
     torch.testing.assert_close(native, torch.stack(ref), rtol=0, atol=5e-7)
     torch.testing.assert_close(native, numpy_path, rtol=0, atol=5e-7)
-    assert torch.equal(native, pairwise_mi.pairwise_mi(p, workers=1, native=True))
-
-
-def test_pairwise_mi_default_path_follows_the_cpu(monkeypatch):
-    """By default pairwise_mi takes the compiled kernel only on CPUs with AVX-512 (where it was measured
-    faster than the numpy blocks; on an AVX2 machine the numpy blocks were 1.6x faster)."""
-
-    class Used(Exception):
-        pass
-
-    def kernel(*args):
-        raise Used
-
-    p = torch.softmax(torch.randn(5, 3, 10, generator=torch.Generator().manual_seed(0)), -1)
-    monkeypatch.setattr(pairwise_mi, "_pairwise_sums_native", kernel)
-    monkeypatch.setattr(kernels, "has_avx512", lambda: False)
-    pairwise_mi.pairwise_mi(p)
-    monkeypatch.setattr(kernels, "has_avx512", lambda: True)
-    with pytest.raises(Used):
-        pairwise_mi.pairwise_mi(p)
-    pairwise_mi.pairwise_mi(p, native=False)
+    assert torch.equal(native, pairwise_mi.pairwise_mi(p, workers=1))
