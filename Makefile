@@ -37,14 +37,15 @@ export JUPYTER_DATA_DIR := $(CURDIR)/$(BUILD)/cache/jupyter-data
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
-.PHONY: help env data zoo book chapters chapter html test unit nbval lint bench clean lab
+.PHONY: help env data zoo book chapters chapter static html html-both book-check test unit nbval lint bench clean lab
 help:
 	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
-	@echo "make test   - environment + unit/property tests + shared zoo + nbval over book/*.ipynb"
+	@echo "make test   - environment + lint + unit/property tests + shared zoo + nbval + the strict book, both editions"
 	@echo "make zoo    - train (or check) the zoo and Table 1's sample sets the chapters share (SYMLIB_CACHE)"
 	@echo "make bench  - run every benchmark under benchmarks/"
 	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only (JOBS=$(JOBS) at a time)"
 	@echo "make html [EDITION=student] - HTML only, from the committed chapters (student: no solutions)"
+	@echo "make html-both - both editions, strictly (build/_build/html, build/student/_build/html)"
 	@echo "make lab    - JupyterLab on notebooks/: the chapters open as notebooks through jupytext"
 
 env: $(VENV)/.installed data
@@ -74,14 +75,30 @@ data:
 zoo: $(VENV)/.installed
 	$(PY) -m symlib.paper.caches --scale $(SCALE) --device $(DEVICE)
 
-book: env zoo chapters html
+# The phases of a target, one make target each in order (the shared caches, filled or checked by `zoo`,
+# are not checked again by the chapters), then how long each took: also printed when one fails.
+define phases
+	declare -a done_phases=()
+	report() { echo "== make $@: phase times"; for p in "$${done_phases[@]}"; do echo "   $$p"; done; }
+	trap report EXIT
+	for phase in $(1); do
+	  start=$$(date +%s)
+	  $(MAKE) --no-print-directory $$phase CACHES_READY=1
+	  done_phases+=("$$(printf '%-11s %5d s' $$phase $$(( $$(date +%s) - start )))")
+	done
+endef
+
+book:
+	$(call phases,env zoo chapters html)
 
 # The shared caches are filled (or checked, seconds) before the lanes start, so that two chapters never
-# train the same zoo at once.
+# train the same zoo at once; CACHES_READY=1 skips that when `make zoo` has just done it (make book, make test).
+CHECK_CACHES = $(if $(CACHES_READY),echo "== the shared caches: checked by make zoo",\
+  $(if $(filter $(ZOO_CHAPTERS),$(CHAPTERS)),$(PY) -m symlib.paper.caches --scale $(SCALE) --device $(DEVICE) \
+  $(if $(filter table1,$(CHAPTERS)),,--no-table1)))
 chapters: $(VENV)/.installed
 	mkdir -p $(BUILD)/nb book $(MPLCONFIGDIR) $(IPYTHONDIR)
-	$(if $(filter $(ZOO_CHAPTERS),$(CHAPTERS)),$(PY) -m symlib.paper.caches --scale $(SCALE) --device $(DEVICE) \
-	  $(if $(filter table1,$(CHAPTERS)),,--no-table1))
+	$(CHECK_CACHES)
 	echo "== $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each (scale=$(SCALE), device=$(DEVICE))"
 	start=$$(date +%s)
 	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} $(MAKE) -s --no-print-directory chapter CH={} THREADS=$(LANE_THREADS)
@@ -106,27 +123,65 @@ chapter: $(VENV)/.installed
 # MathJax is served from the book itself (the django-static-mathjax wheel ships MathJax 3), so math
 # renders when the HTML is opened offline.
 MATHJAX := $(BUILD)/static/mathjax
-html: $(VENV)/.installed
+# The strict build: a warning is an error (-W) and every cross-reference must resolve (-n, nitpicky);
+# --keep-going reports all of them before failing. `make html`, `make html-both` and the test of the
+# test (tests/book/test_strict_build.py) all use these flags.
+JB_FLAGS := -W -n --keep-going
+static: $(VENV)/.installed
 	src=$$($(PY) -c "import mathjax, pathlib; print(pathlib.Path(mathjax.__file__).parent / 'static/mathjax/es5')")
 	rm -rf $(MATHJAX); mkdir -p $(MATHJAX)
 	cp -r $$src/tex-mml-chtml.js $$src/a11y $$src/adaptors $$src/input $$src/output $$src/sre $$src/ui $(MATHJAX)/
+
+html: static
 	case "$(EDITION)" in teacher|student) ;; *) echo "EDITION=$(EDITION): expected teacher or student" >&2; exit 2;; esac
-	BOOK_EDITION=$(EDITION) $(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(HTML_OUT)
+	BOOK_EDITION=$(EDITION) $(VENV)/bin/jupyter-book build . $(JB_FLAGS) --path-output $(HTML_OUT)
 	echo "The $(EDITION) edition of the book is at file://$(CURDIR)/$(HTML_OUT)/_build/html/index.html"
 
-test: env unit zoo nbval
+# Both editions, strictly, from one parsed environment: the edition only changes what is written, so the
+# student edition is written first, moved to build/student/, and the teacher edition is rewritten from
+# the same doctrees (about half the time of two separate builds).
+html-both: static
+	rm -rf $(BUILD)/student/_build/html
+	BOOK_EDITION=student $(VENV)/bin/jupyter-book build . $(JB_FLAGS) --path-output $(BUILD)
+	mkdir -p $(BUILD)/student/_build
+	mv $(BUILD)/_build/html $(BUILD)/student/_build/html
+	BOOK_EDITION=teacher $(VENV)/bin/jupyter-book build . $(JB_FLAGS) --path-output $(BUILD)
+	echo "The teacher edition is at file://$(CURDIR)/$(BUILD)/_build/html/index.html, the student edition at file://$(CURDIR)/$(BUILD)/student/_build/html/index.html"
+
+# The book as a gate: both editions built strictly from the committed chapters (API reference included),
+# then checked (every solution in the teacher's pages and none in the student's; a broken reference
+# fails the build: tests/book/).
+book-check: html-both
+	SYMLIB_REQUIRE_BUILT_BOOK=1 $(PY) -m pytest -q -p no:cacheprovider tests/book
+
+# Every check, one phase after the other, and at the end how long each took (also when one fails).
+TEST_PHASES := env lint unit zoo nbval book-check
+test:
+	$(call phases,$(TEST_PHASES))
 
 # On a shared machine, OpenMP threads that spin while they wait for a descheduled sibling made small-op
 # cells 5-10x slower under one competing process: the tests let waiting threads sleep (OMP_WAIT_POLICY).
+# The unit tests run on UNIT_WORKERS pytest-xdist workers of NCPU / UNIT_WORKERS intra-op threads each
+# (the built book's checks, tests/book, run in `make book-check`).
+UNIT_WORKERS ?= $(if $(filter 1,$(NCPU)),1,2)
+UNIT_THREADS = $(shell n=$$(( $(NCPU) / $(UNIT_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
 unit: $(VENV)/.installed
-	$(VENV)/bin/ruff check symlib tests benchmarks
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q tests
+	OMP_NUM_THREADS=$(UNIT_THREADS) MKL_NUM_THREADS=$(UNIT_THREADS) OPENBLAS_NUM_THREADS=$(UNIT_THREADS) \
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -n $(UNIT_WORKERS) --dist worksteal \
+	  --ignore=tests/book tests
 
-# Re-executes the committed chapters and compares the outputs marked NBVAL_CHECK_OUTPUT.
+# Re-executes the committed chapters and compares the outputs marked NBVAL_CHECK_OUTPUT, in the lanes of
+# `make chapters` (one pytest per chapter, LANES at a time, longest first, LANE_THREADS threads each).
 nbval: $(VENV)/.installed
 	mkdir -p $(MPLCONFIGDIR) $(IPYTHONDIR)
-	TQDM_DISABLE=1 OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-	  --nbval-sanitize-with .ci/nbval_sanitize.cfg book/*.ipynb
+	$(CHECK_CACHES)
+	echo "== nbval over $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each"
+	start=$$(date +%s)
+	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} env OMP_NUM_THREADS=$(LANE_THREADS) \
+	  MKL_NUM_THREADS=$(LANE_THREADS) OPENBLAS_NUM_THREADS=$(LANE_THREADS) TQDM_DISABLE=1 \
+	  OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -p no:cacheprovider --nbval-lax \
+	  --nbval-current-env --nbval-sanitize-with .ci/nbval_sanitize.cfg book/{}.ipynb
+	echo "== nbval done in $$(( $$(date +%s) - start )) s"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check symlib tests benchmarks

@@ -360,30 +360,6 @@ def test_editions_of_a_fixture_chapter(tmp_path):
     assert 'download-markdown-button' in (teacher / "chapter.html").read_text()
 
 
-def test_editions_of_the_book(tmp_path):
-    """Every committed chapter that has solutions, built in both editions (no re-execution)."""
-    pages, stale = {}, {}
-    for name in _chapters():
-        path = ROOT / "book" / f"{name}.ipynb"
-        nb = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"cells": []}
-        n_source = len(course_book._md_solutions((ROOT / "notebooks" / f"{name}.md").read_text())[2])
-        if len(course_book.notebook_solutions(nb)) != n_source:
-            stale[name] = n_source
-        elif n_source:
-            pages[f"book/{name}"] = nb
-    assert not stale, f"executed chapters older than their sources (run make chapters): {stale}"
-    if not pages:
-        pytest.skip("no chapter has solutions yet")
-    toc = tmp_path / "_toc.yml"
-    chapters = [*pages, "book/glossary", "book/bibliography"]
-    toc.write_text(yaml.safe_dump({"format": "jb-book", "root": "book/intro",
-                                   "chapters": [{"file": f} for f in chapters]}))
-    few = {p: n for p, nb in pages.items() if (n := _n_exercises(nb)) < 4}
-    assert not few, f"chapters with fewer than 4 exercises: {few}"
-    teacher, student = _build_both(ROOT, toc, tmp_path)
-    _check_editions(teacher, student, pages)
-
-
 def _n_exercises(nb: dict) -> int:
     fence = re.compile(r"^\s*(`{3,}|:{3,})\s*\{(exercise|exercise-start)\}", re.M)
     return sum(len(fence.findall("".join(c["source"]))) for c in nb["cells"] if c["cell_type"] == "markdown")

@@ -32,9 +32,10 @@ def distances(frame, paper=None, columns: Sequence[str] = ("MMD", "NS"),
     Args:
         frame: a DataFrame indexed by ``(method, modes)`` with, for each ``c`` of ``columns``, the value
             ``c`` and optionally its interval ``c_lo`` and ``c_hi``
-            (:func:`symlib.paper.table1.mmd_frame`: the MMD :math:`\times 100`).
-        paper: the paper's values on the same index layout (:func:`symlib.paper.table1.paper_frame`), or
-            ``None``; rows or columns it lacks are simply not marked.
+            (:func:`symlib.paper.table1.frames.mmd_frame`: the MMD :math:`\times 100`).
+        paper: the paper's values on the same index layout
+            (:func:`symlib.paper.table1.frames.paper_frame`), or ``None``; rows or columns it lacks are
+            simply not marked.
         columns: the columns to draw, one panel each (default ``MMD`` on raw weights and ``NS`` with the
             symmetries removed).
         titles: panel titles by column (default: raw weights / symmetries removed for MMD / NS).

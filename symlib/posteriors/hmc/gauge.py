@@ -41,7 +41,7 @@ Steps 2 and 3 leave :math:`\pi(\theta, s)` invariant, so the chain's :math:`\the
 :math:`\pi(\theta)` exactly whatever :math:`\sigma`, :math:`G_0` or the orbit moves (tested against the
 exact law of a Gaussian prior, ``tests/posteriors/test_hmc_gauge.py``). The potential the sampler records
 includes the gauge term; :meth:`OrbitGauge.gauge_energy` with the gauge of the draw's trajectory
-(:attr:`OrbitGauge.history`) removes it.
+(``OrbitGauge.history``) removes it.
 
 Where it applies: every neuron's incoming weights must share one scaling pattern (OptuNet, whose second
 convolution has one input channel per group, and networks with one hidden layer; not a dense layer after a
@@ -97,7 +97,7 @@ class OrbitGauge:
 
     Args:
         powers: ``(K, D)`` exponents of the :math:`K` scalings on the flat weights
-            (:attr:`symlib.posteriors.hmc.orbits.ScalingMoves.powers`).
+            (the ``powers`` attribute of :class:`symlib.posteriors.hmc.orbits.ScalingMoves`).
         theta0: ``(C, D)`` the chains' reference points (their polished starts).
         curvature: ``(C, D, D)`` the likelihood's GGN at ``theta0`` (positive semi-definite).
         prior_precision: :math:`\lambda` of the Gaussian prior.
@@ -144,7 +144,7 @@ class OrbitGauge:
         return (0.5 * sq.log()) @ self.a_inv.T
 
     def estimate(self, theta: torch.Tensor, check: bool = False) -> torch.Tensor:
-        r""":math:`\hat s(\theta) = A^{-1} \ell(\theta)`, ``(C, K)`` (``check``: see :meth:`_sumsq`)."""
+        r""":math:`\hat s(\theta) = A^{-1} \ell(\theta)`, ``(C, K)`` (``check``: see ``_sumsq``)."""
         return self._from_sumsq(self._sumsq(theta.to("cpu"), check))
 
     def jacobian(self, theta: torch.Tensor) -> torch.Tensor:
@@ -178,7 +178,7 @@ class OrbitGauge:
 
     def refresh(self, theta: torch.Tensor, gen: torch.Generator) -> None:
         """Draw the gauge of every chain from :math:`\\mathcal N(\\hat s(\\theta), \\sigma^2 I)` (exact
-        Gibbs) and append it to :attr:`history`."""
+        Gibbs) and append it to ``history``."""
         noise = torch.randn(self.s0.shape, generator=gen, dtype=torch.float64)
         self.s = self.estimate(theta.detach(), check=True) + self.sigma * noise
         self.history.append(self.s.clone())
