@@ -4,8 +4,8 @@ Zoos (:mod:`symlib.zoo`) and posterior sample sets (:mod:`symlib.posteriors.io`)
 (:mod:`symlib.store`); their manifests say which kind a folder holds. :func:`load` and :func:`info`
 dispatch on it, so a deep ensemble, 1,000 target checkpoints and 100 SWAG draws load alike. Both also read
 exported datasets (:mod:`symlib.zoo.dataset`: every chunk is first checked against the sha256 of the
-dataset's manifest table) and ``hf://owner/name`` addresses (resolved through ``huggingface_hub``'s
-cache).
+dataset's manifest table, and every row of the table against the manifest and the chunks) and
+``hf://owner/name`` addresses (resolved through ``huggingface_hub``'s cache).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def info(path: str | os.PathLike) -> str:
         rows = len(_dataset.read_table(path))
         text += (
             f"\n  dataset {address}: {_dataset.CARD}, {_dataset.TABLE} ({rows} rows, every chunk's sha256 "
-            f"verified), {_dataset.CROISSANT}; license {rec.get('license')}, exported "
+            f"verified, every row checked), {_dataset.CROISSANT}; license {rec.get('license')}, exported "
             f"{rec.get('exported')}"
         )
     return text

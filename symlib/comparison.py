@@ -3,8 +3,9 @@ r"""Compare two checkpoint sets on disk with the paper's MMD (book: chapter "Tab
 The paper's central operation compares two sets of checkpoints of one architecture, layer by layer, on
 raw weights and with the symmetries removed ("NS"). :func:`compare` does it for two folders: zoos,
 posterior sample sets or exported datasets (``hf://owner/name`` included), loaded and checked with
-:func:`symlib.load`. The architecture and its symmetry spec come from the manifests (a zoo's
-configuration, a sample set's ``model`` record), so no Python is needed: ``symlib compare A B``.
+:func:`symlib.load`, or checkpoint files of one's own (:func:`symlib.load_checkpoints`). The architecture
+and its symmetry spec come from the manifests (a zoo's configuration, a sample set's ``model`` record, an
+imported set's recipe) or from ``model=`` (``--model``), so no Python is needed: ``symlib compare A B``.
 
 For every symmetry removal, :func:`symlib.stats.mmd.table` gives :math:`\widehat{\mathrm{MMD}}{}^2_u`
 per layer (median over the 20 MMDAgg kernels) and their mean weighted by the layers' parameter counts,
@@ -24,9 +25,9 @@ from typing import Any
 
 import torch
 
-from symlib import checkpoints, store
+from symlib import store
 
-__all__ = ["Comparison", "architecture", "compare", "write_json"]
+__all__ = ["Comparison", "architecture", "check_json", "compare", "write_json"]
 
 
 def architecture(manifest: dict[str, Any], where: str = "") -> tuple[str, torch.nn.Module, tuple[int, ...]]:
@@ -41,6 +42,12 @@ def architecture(manifest: dict[str, Any], where: str = "") -> tuple[str, torch.
     """
     from symlib import models, zoo
 
+    if manifest.get("architecture"):  # checkpoint files or an imported set: a recipe (symlib.ckpt.recipe)
+        from symlib.ckpt import recipe
+
+        built = recipe.Recipe.from_record(manifest["architecture"], where)
+        model = built.build()
+        return built.name, model, built.shape(model)
     if manifest.get("kind", "zoo") == "zoo":
         cfg = zoo.ZooConfig.from_dict(manifest["config"])
         return cfg.arch, cfg.make_model(), (cfg.channels, cfg.image_size, cfg.image_size)
@@ -176,13 +183,20 @@ def compare(
     level: float = 0.95,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    model: Any = None,
+    model_args: dict[str, Any] | None = None,
+    input_shape: Sequence[int] | str | None = None,
+    prefix: str | None = None,
+    key: str | None = None,
+    trust_pickle: bool = False,
 ) -> Comparison:
     r"""The paper's MMD between two checkpoint folders, per layer and aggregated, with intervals and
     p-values (``symlib.compare``; module docstring).
 
     Args:
-        a, b: zoo folders, posterior sample-set folders or exported datasets (``hf://owner/name`` too);
-            ``a`` plays the target of the paper (its distances set the kernels' bandwidths).
+        a, b: zoo folders, posterior sample-set folders or exported datasets (``hf://owner/name`` too), or
+            checkpoint files, folders and globs (:func:`symlib.load_checkpoints`); ``a`` plays the target of
+            the paper (its distances set the kernels' bandwidths).
         symmetries: removals (:data:`symlib.stats.mmd.SYMMETRIES`): ``"raw"``, ``"ns"`` (the paper's),
             ``"minmass"``, ``"perm"``, ``"scale"``.
         n_permutations: re-splits for the permutation test (0: none).
@@ -191,6 +205,9 @@ def compare(
         level: of the intervals.
         device: where to compute.
         progress: progress bars.
+        model, model_args, input_shape: the architecture, where a folder does not record it (arguments of
+            :func:`symlib.load_checkpoints`; a ``"module:callable"`` string on the command line).
+        prefix, key, trust_pickle: how to read checkpoint files (as :func:`symlib.load_checkpoints`).
 
     Returns:
         A :class:`Comparison` (``.format()``, ``.rows()``, ``.to_dict()``).
@@ -203,13 +220,28 @@ def compare(
     from symlib.symmetry import trace
 
     syms = tuple(symmetries)
+    if not syms:
+        raise ValueError(
+            f"no symmetry removal given (an empty --symmetries); pass a comma-separated list among "
+            f"{list(mmd.SYMMETRIES)}, e.g. raw,ns"
+        )
     bad = [s for s in syms if s not in mmd.SYMMETRIES]
-    if bad or not syms:
+    if bad:
         raise ValueError(f"unknown symmetry removal(s) {bad}; choose among {list(mmd.SYMMETRIES)}")
-    pa, ma = checkpoints.load(a, device=device)
-    pb, mb = checkpoints.load(b, device=device)
+    from symlib.ckpt import loader
+
+    opts = {"model_args": model_args, "input_shape": input_shape, "key": key, "trust_pickle": trust_pickle,
+            "device": device}
+    got_a, got_b = loader.read(a, model, prefix, **opts), loader.read(b, model, prefix, **opts)
+    (pa, ma), (pb, mb) = (got_a.params, got_a.record()), (got_b.params, got_b.record())
     arch_a, arch_b = str(ma.get("arch")), str(mb.get("arch"))
     na, nb = int(next(iter(pa.values())).shape[0]), int(next(iter(pb.values())).shape[0])
+    for who, path, n in (("A", a, na), ("B", b, nb)):
+        if n < 2:
+            raise ValueError(
+                f"{who}: {path} holds {n} checkpoint; the unbiased MMD needs at least 2 per set (it divides "
+                f"by n (n - 1)): compare a larger set"
+            )
     wa, wb = _describe(str(a), ma, na), _describe(str(b), mb, nb)
     _check_same(pa, pb, arch_a, arch_b, wa, wb)
     spec = None
@@ -222,10 +254,39 @@ def compare(
                       n_bootstrap, seed, level, (wa, wb))
 
 
+def check_json(path: str | os.PathLike) -> None:
+    """Check, before any work, that :func:`write_json` may write ``path``: a new file in a writable
+    folder, or the JSON of an earlier comparison (replaced); never a folder or any other file (a
+    manifest, a table), which would be lost.
+
+    Raises:
+        symlib.store.StoreError: naming the path, the problem and the fix.
+    """
+    if str(path) == "-":
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise store.StoreError(f"{path}: is a folder; --json takes a file path, e.g. {path / 'compare.json'}")
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            old = None
+        if not (isinstance(old, dict) and {"a", "b", "statistic", "rows"} <= set(old)):
+            raise store.StoreError(
+                f"{path}: exists and is not the JSON of an earlier `symlib compare`; --json never overwrites "
+                f"another file (it is left as it is): choose another path"
+            )
+    store.check_folder(path.parent, "comparison", "--json path")
+
+
 def write_json(comparison: Comparison, path: str | os.PathLike) -> None:
-    """Write :meth:`Comparison.to_dict` as JSON to ``path`` (``"-"``: standard output)."""
+    """Write :meth:`Comparison.to_dict` as JSON to ``path`` (``"-"``: standard output), atomically, after
+    :func:`check_json`."""
     text = json.dumps(comparison.to_dict(), indent=1)
     if str(path) == "-":
         print(text)
-    else:
-        Path(path).write_text(text + "\n")
+        return
+    check_json(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    store.atomic_write_bytes(path, (text + "\n").encode())

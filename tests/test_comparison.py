@@ -116,4 +116,40 @@ def test_mismatched_architectures_and_layer_shapes_are_clear_errors(zoos, tmp_pa
     with pytest.raises(ValueError, match="unknown symmetry removal"):
         comparison.compare(zoos / "a", zoos / "b", ("sorted",))
     assert cli.main(["compare", str(zoos / "a"), str(tmp_path / "nothing")]) == 2
-    assert "no zoo manifest" in capsys.readouterr().err
+    assert "nothing: no such file or folder" in capsys.readouterr().err  # neither a set nor checkpoint files
+
+
+def test_json_never_overwrites_another_file(zoos, tmp_path, capsys):
+    """--json refuses, before comparing anything, a folder and any file that is not an earlier comparison
+    (a zoo's manifest, say), and leaves it as it is; an earlier comparison is replaced."""
+    import shutil
+
+    z = tmp_path / "z"
+    shutil.copytree(zoos / "a", z)
+    manifest = (z / "manifest.json").read_bytes()
+    base = ["compare", str(zoos / "a"), str(zoos / "b"), "--permutations", "0", "--bootstrap", "0"]
+    for path, msg in ((z / "manifest.json", "is not the JSON of an earlier `symlib compare`; --json never "
+                       "overwrites another file"), (z, "is a folder; --json takes a file path")):
+        assert cli.main([*base, "--json", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err, err
+        with pytest.raises(zoo.ZooError, match=msg.split(";")[0]):
+            comparison.check_json(path)
+    assert (z / "manifest.json").read_bytes() == manifest and zoo.load(z)[1]["complete"]
+    res = comparison.compare(zoos / "a", zoos / "b", ("raw",), n_permutations=0, n_bootstrap=0)
+    comparison.write_json(res, tmp_path / "out" / "cmp.json")
+    comparison.write_json(res, tmp_path / "out" / "cmp.json")  # an earlier comparison: replaced
+    assert json.loads((tmp_path / "out" / "cmp.json").read_text())["n_a"] == 8
+
+
+def test_a_one_network_set_and_no_removal_are_named(zoos, tmp_path, capsys):
+    one = tmp_path / "one"
+    cfg = zoo.preset("mnist-optunet", "tiny")
+    zoo.train(dataclasses.replace(cfg, n_models=1, n_train=32, recipe=cfg.recipe.scaled(1)), one,
+              progress=False)
+    with pytest.raises(ValueError, match=rf"B: {one} holds 1 checkpoint; the unbiased MMD needs at least 2"):
+        comparison.compare(zoos / "a", one, ("raw",), n_permutations=0, n_bootstrap=0)
+    with pytest.raises(ValueError, match=rf"A: {one} holds 1 checkpoint"):
+        comparison.compare(one, zoos / "a", ("raw",), n_permutations=0, n_bootstrap=0)
+    with pytest.raises(ValueError, match=r"no symmetry removal given \(an empty --symmetries\); pass"):
+        comparison.compare(zoos / "a", zoos / "b", ())

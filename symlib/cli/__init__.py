@@ -3,7 +3,10 @@
 * :mod:`symlib.cli.zoo`: ``symlib zoo train | repair | merge | info | status | export | list-presets``
   (book: "Checkpoint zoos");
 * :mod:`symlib.cli.posterior`: ``symlib posterior sample | info | status`` (book: "Table 1");
-* :mod:`symlib.cli.compare`: ``symlib compare A B``, the paper's MMD between two folders.
+* :mod:`symlib.cli.compare`: ``symlib compare A B``, the paper's MMD between two folders;
+* :mod:`symlib.cli.importing`, :mod:`symlib.cli.canonical`, :mod:`symlib.cli.count`: ``symlib import SRC
+  --to OUT``, ``symlib canonicalize SRC --to OUT`` and ``symlib count --model ...``, for checkpoint files
+  of one's own network (:mod:`symlib.ckpt`; their shared options are in :mod:`symlib.cli.sources`).
 
 Each group module has ``add_parser(subparsers)`` and ``run(args)``; :func:`parser` assembles them in the
 order of :data:`GROUPS`. Examples::
@@ -27,7 +30,8 @@ import sys
 from collections.abc import Sequence
 
 #: The command groups, in the order ``symlib --help`` lists them: name -> module of :mod:`symlib.cli`.
-GROUPS = {"zoo": "zoo", "posterior": "posterior", "compare": "compare"}
+GROUPS = {"zoo": "zoo", "posterior": "posterior", "compare": "compare", "import": "importing",
+          "canonicalize": "canonical", "count": "count"}
 
 
 def _group(name: str):

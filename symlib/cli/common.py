@@ -19,6 +19,28 @@ def shard(text: str) -> tuple[int, int]:
     return k, n
 
 
+def _number(kind, low: float, strict: bool, what: str):
+    """An argparse type: a number of ``kind`` above ``low`` (``strict``) or at least ``low``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or value in (float("inf"), float("-inf")) or (
+                value <= low if strict else value < low):
+            raise argparse.ArgumentTypeError(f"takes {what}, got {text!r}")
+        return value
+
+    parse.__doc__ = f"An option's value: {what} (argparse type)."
+    return parse
+
+
+count = _number(int, 0, False, "an integer >= 0")
+positive_int = _number(int, 0, True, "an integer >= 1")
+positive = _number(float, 0.0, True, "a positive number")
+
+
 def hyper(text: str) -> tuple[str, object]:
     """``NAME=VALUE`` of ``--hyper``; the value is read as JSON when it parses, else kept as a string."""
     import json
@@ -42,24 +64,27 @@ def fanout_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--executor", choices=("local", "slurm"), default=None,
                    help="slurm: one SLURM job array; local: processes on this machine (same code path)")
-    g.add_argument("--shards", type=int, default=None, help="number of shards (default: min(8, chunks))")
+    g.add_argument("--shards", type=positive_int, default=None,
+                   help="number of shards (default: min(8, chunks))")
     g.add_argument("--partition", default=None, help="SLURM partition")
-    g.add_argument("--time", type=int, default=240, metavar="MIN", help="time limit per shard in minutes "
-                   "(default 240; a shard that reaches it is requeued and resumes)")
-    g.add_argument("--gpus-per-task", type=int, default=0, help="GPUs per shard (default 0)")
-    g.add_argument("--cpus-per-task", type=int, default=None, help="CPU cores per shard")
-    g.add_argument("--mem-gb", type=float, default=None, help="memory per shard in GB")
-    g.add_argument("--array-parallelism", type=int, default=None, metavar="N",
+    g.add_argument("--time", type=positive_int, default=240, metavar="MIN", help="time limit per shard in "
+                   "minutes (default 240; a shard that reaches it is requeued and resumes)")
+    g.add_argument("--gpus-per-task", type=count, default=0, help="GPUs per shard (default 0)")
+    g.add_argument("--cpus-per-task", type=positive_int, default=None, help="CPU cores per shard")
+    g.add_argument("--mem-gb", type=positive, default=None, help="memory per shard in GB")
+    g.add_argument("--array-parallelism", type=positive_int, default=None, metavar="N",
                    help="at most N shards at once (slurm_array_parallelism)")
     g.add_argument("--setup", action="append", default=[], metavar="CMD",
                    help="shell line run before each shard, e.g. 'source .venv/bin/activate'; repeatable")
-    g.add_argument("--max-retries", type=int, default=2, help="resubmissions of a killed shard (default 2)")
-    g.add_argument("--poll", type=float, default=30.0, metavar="S", help="seconds between looks (default 30)")
+    g.add_argument("--max-retries", type=count, default=2, metavar="N",
+                   help="resubmissions of a killed shard (default 2; 0: none)")
+    g.add_argument("--poll", type=positive, default=30.0, metavar="S",
+                   help="seconds between looks (default 30)")
     g.add_argument("--keep-shards", action="store_true", help="keep the shard folders after the merge")
 
 
 def resources(args):
-    """The :class:`symlib.zoo.fanout.Resources` that the fan-out options ask for."""
+    """The :class:`symlib.zoo.fanout.plan.Resources` that the fan-out options ask for."""
     from symlib.zoo import fanout
 
     return fanout.Resources(time_min=args.time, partition=args.partition, gpus_per_task=args.gpus_per_task,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from symlib.cli import sources
+
 
 def add_parser(sub) -> None:
     """Add the ``compare`` group to the subparsers ``sub`` of :func:`symlib.cli.parser`."""
     c = sub.add_parser(
         "compare",
         help="the paper's MMD between two checkpoint sets, per layer, with intervals and p-values",
-        description="Compare two zoos, posterior sample sets or exported datasets (hf://owner/name too) "
+        description="Compare two zoos, posterior sample sets or exported datasets (hf://owner/name too), or "
+        "checkpoint files, folders or globs of one's own network (with --model where they do not say it), "
         "with the paper's MMD (100 x MMD^2_u, median over 20 kernels per layer; 'all': mean over layers "
         "weighted by their sizes), raw and without symmetries, with bootstrap intervals and permutation "
         "p-values. A plays the paper's target (its distances set the bandwidths).",
@@ -25,6 +28,7 @@ def add_parser(sub) -> None:
     c.add_argument("--device", default="cpu", help="cpu or cuda")
     c.add_argument("--json", default=None, metavar="PATH",
                    help="also write the numbers as JSON ('-': stdout)")
+    sources.add_arguments(c)
 
 
 def run(args) -> None:
@@ -32,8 +36,11 @@ def run(args) -> None:
     from symlib import comparison
 
     syms = [s.strip() for s in args.symmetries.split(",") if s.strip()]
+    if args.json is not None:
+        comparison.check_json(args.json)  # before the comparison: never after minutes of work
     res = comparison.compare(args.a, args.b, syms, n_permutations=args.permutations,
-                             n_bootstrap=args.bootstrap, seed=args.seed, device=args.device)
+                             n_bootstrap=args.bootstrap, seed=args.seed, device=args.device,
+                             **sources.options(args))
     if args.json != "-":
         print(res.format())
     if args.json is not None:

@@ -67,6 +67,31 @@ def _check_counts(args) -> None:
         )
 
 
+def _check_hyper(args) -> None:
+    """``--hyper``: known names and values the method accepts, before any data is loaded or trained."""
+    from symlib.posteriors import sampling
+
+    try:
+        sampling.method(args.method).check_hyper(dict(args.hyper))
+    except ValueError as e:
+        raise ValueError(f"--hyper: {e}") from None
+
+
+def _check_cache(cache) -> None:
+    """``--cache``: a folder, or a path where one can be created (before any work). A read-only folder is
+    accepted: it may hold the base models already (the zoo cache says so when it must train them)."""
+    import os
+    from pathlib import Path
+
+    from symlib import store
+
+    if cache is None:
+        return
+    path = Path(cache)
+    if not (path.is_dir() and not os.access(path, os.W_OK)):
+        store.check_folder(path, "base models' zoo", "--cache")
+
+
 def run(args) -> None:
     """Carry out a parsed ``symlib posterior ...`` command (:func:`symlib.cli.main` reports its errors)."""
     from symlib.posteriors import io, sampling
@@ -82,7 +107,8 @@ def run(args) -> None:
         return
     from symlib import store
 
-    sampling.method(args.method).check_hyper(dict(args.hyper))  # before loading anything
+    _check_hyper(args)  # names and values, before loading anything
+    _check_cache(args.cache)
     if not io.is_posterior(args.out):  # a file, under a file, read-only, a zoo: refused before any work
         store.check_out(args.out, io.KIND)  # (a sample set there is checked by sampling.run)
     _check_counts(args)
@@ -108,7 +134,9 @@ def _fanout(args) -> None:
     if args.command == "status":
         print(zoo.status(args.path).format())
         return
+    _check_hyper(args)
     _check_counts(args)
+    _check_cache(args.cache)
     per_mode = args.samples // args.modes
     sset = fanout.submit(args.method, args.preset, args.scale, args.modes, per_mode, args.out,
                          args.shards or 8, args.executor, seed=args.seed, hyper=dict(args.hyper),

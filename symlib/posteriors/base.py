@@ -241,6 +241,9 @@ class Method:
         hyper: the hyper-parameter names, when ``draw`` takes ``**hyper`` (default: its keyword-only
             parameters).
         ignored_warning: the warning of a method that ignores given base models.
+        check: ``check(**hyper)`` raises a ``ValueError`` naming a given hyper-parameter value the method
+            refuses (a negative scale, a string for a learning rate), without any work, so that
+            :meth:`check_hyper` refuses it before base models are trained.
     """
 
     def __init__(
@@ -250,6 +253,7 @@ class Method:
         base: str,
         hyper: tuple[str, ...] | None = None,
         ignored_warning: str = "",
+        check: Callable[..., None] | None = None,
     ):
         if base not in BASE_USES:
             raise ValueError(f"base must be one of {BASE_USES}, got {base!r}")
@@ -258,17 +262,21 @@ class Method:
         own = tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
         self.hyper = tuple(hyper) if hyper is not None else own
         self.ignored_warning = ignored_warning or f"{name} trains its own networks; base models are not used"
+        self.check = check
 
     def __repr__(self) -> str:
         return f"Method({self.name!r}, base={self.base!r}, hyper={list(self.hyper)})"
 
     def check_hyper(self, hyper: Mapping[str, Any]) -> None:
-        """Refuse unknown hyper-parameter names, listing the valid ones (before any work is done)."""
+        """Refuse unknown hyper-parameter names, listing the valid ones, and values the method refuses
+        (its ``check``), before any work is done."""
         unknown = sorted(set(hyper) - set(self.hyper))
         if unknown:
             raise TypeError(
                 f"unknown {self.name} hyper-parameter(s) {unknown}; valid: {sorted(self.hyper)}"
             )
+        if self.check is not None:
+            self.check(**hyper)
 
     def request(
         self, setup: Setup, n_modes: int, n_per_mode: int, seed: int, base: Params | None, progress: bool

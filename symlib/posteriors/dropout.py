@@ -52,6 +52,12 @@ def fold(params: Params, masks: torch.Tensor, p: float) -> Params:
     return out
 
 
+def _check(*, p: float | None = None) -> None:
+    """The dropout rate, when given: in ``(0, 1)``."""
+    if p is not None and (isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 < p < 1.0)):
+        raise ValueError(f"dropout probability p must be in (0, 1), got {p!r}")
+
+
 def _draw(req: Request, *, p: float | None = None) -> SampleSet:
     """Train ``n_modes`` networks with last-layer dropout and fold ``n_per_mode`` masks into each.
 
@@ -74,8 +80,7 @@ def _draw(req: Request, *, p: float | None = None) -> SampleSet:
     p = DEFAULT_P.get(setup.arch) if p is None else p
     if p is None:
         raise ValueError(f"no default dropout rate for {setup.arch!r}; pass p")
-    if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
-        raise ValueError(f"dropout probability p must be in (0, 1), got {p!r}")
+    _check(p=p)
     seeds = base_seeds(n_modes, req.seed)
     train_seed, mask_seed = stream_seeds(2, req.seed, "dropout")
     trained = train_models(
@@ -98,5 +103,5 @@ def _draw(req: Request, *, p: float | None = None) -> SampleSet:
     )
 
 
-METHOD = Method("dropout", _draw, base="forbidden")
+METHOD = Method("dropout", _draw, base="forbidden", check=_check)
 sample = METHOD.sampler()

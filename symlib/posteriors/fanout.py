@@ -137,6 +137,7 @@ def submit(
     zpath = zoo.cache_path(cfg, cache_dir)
     man = store.read_manifest(zpath) if store.kind_of(zpath) == "zoo" else None
     if man is None or not man.get("complete"):
+        store.check_folder(zpath, "zoo", "zoo cache (cache_dir, --cache or $SYMLIB_CACHE)")
         _zfanout.submit(cfg, zpath, min(n_shards, cfg.n_chunks), executor, resources=resources, device=device,
                         work=_zfanout.work_dir(out), max_retries=max_retries, poll_s=poll_s,
                         timeout_s=timeout_s, on_poll=on_poll)

@@ -276,12 +276,12 @@ def check_out(out: Path, set_hash: str, method: str, n_modes: int, n_per_mode: i
 
 
 def _read_chunk_file(
-    path: Path, set_hash: str, shapes: dict[str, list[int]], start: int, stop: int
+    path: Path, set_hash: str, shapes: dict[str, list[int]], start: int, stop: int,
+    n_per_mode: int | None = None,
 ) -> Params:
-    tensors, meta = store.read_chunk(path, {"kind": KIND, "set_hash": set_hash}, REPAIR)
-    idx = [r["index"] for r in json.loads(meta["samples"])]
-    if idx != list(range(start, stop)):
-        raise StoreError(f"{path}: holds samples {idx[:3]}..., expected {start}..{stop - 1}")
+    expect = {"kind": KIND, "set_hash": set_hash}
+    tensors, meta = store.read_chunk(path, expect, REPAIR, legacy=store.LEGACY[KIND])
+    store.sample_records(path, meta, start, stop, n_per_mode, REPAIR)
     store.check_tensors(path, tensors, shapes, stop - start, "the manifest's tensors", fix=REPAIR)
     return tensors
 
@@ -291,7 +291,8 @@ def read_chunk(path: str | os.PathLike, manifest: dict[str, Any], c: int) -> Par
     checksum, sample indices, tensor names and shapes, finiteness)."""
     start, stop = _chunks(manifest["n_samples"], manifest["chunk"])[c]
     return _read_chunk_file(
-        Path(path) / chunk_name(c), manifest["set_hash"], manifest["shapes"], start, stop
+        Path(path) / chunk_name(c), manifest["set_hash"], manifest["shapes"], start, stop,
+        manifest.get("n_per_mode"),
     )
 
 
@@ -425,5 +426,12 @@ def info(path: str | os.PathLike) -> str:
     ]
     if man.get("diagnostics"):
         lines.append(f"  diagnostics {json.dumps(man['diagnostics'], sort_keys=True)}")
+    if man.get("source") or man.get("architecture"):  # a set written by symlib.ckpt.convert (symlib import)
+        src, rec = man.get("source") or {}, man.get("architecture") or {}
+        lines[0] = f"checkpoints {path}: {man['method']} (set {man['set_hash']})"
+        args, n_files = json.dumps(rec.get("args") or {}, sort_keys=True), len(src.get("files") or [])
+        lines[2:5] = [f"  arch {man.get('arch')}: {rec.get('builder')} {rec.get('target')} {args}, "
+                      f"input shape {rec.get('input_shape')}",
+                      f"  from {src.get('from')} ({n_files} files, sha256 in the manifest)"]
     lines.append(f"  symlib {man['symlib_version']}, git {man['git_commit']}")
     return "\n".join(lines)

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from symlib import training as _train
 from symlib.params import Params, flatten, stack, state_of, unflatten, unstack
 from symlib.posteriors import temperature as _temp
-from symlib.posteriors.base import Method, Request, SampleSet, check_positive
+from symlib.posteriors.base import Method, Request, SampleSet, check_positive, reference_state
 from symlib.posteriors.modules import init_stacked, new_module
 from symlib.posteriors.seeds import base_seeds, generator, stream_seeds
 from symlib.progress import bar
@@ -214,6 +214,24 @@ class _Thermometer:
         }
 
 
+def _check(*, setting: str = "corrected", lr: float | None = None, alpha: float | None = None,
+           noise_batches: int = 16, temperature: float = 1.0, burn_in: int | None = None, thin: int = 1,
+           **_: object) -> None:
+    """The values of SGHMC's hyper-parameters (``None``: a default of the setup, checked when drawing)."""
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {sorted(SETTINGS)}, got {setting!r}")
+    check_positive(**({"lr": lr} if lr is not None else {}), temperature=temperature, thin=thin)
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, int | float)
+                              or not 0.0 < alpha <= 1.0):
+        raise ValueError(f"friction alpha must be in (0, 1], got {alpha!r}")
+    if isinstance(noise_batches, bool) or not isinstance(noise_batches, int) or noise_batches < 2:
+        raise ValueError(f"noise_batches must be an integer >= 2, got {noise_batches!r}")
+    if burn_in is not None and (isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0):
+        raise ValueError(f"burn_in must be a non-negative number of epochs, got {burn_in!r}")
+    if isinstance(thin, bool) or not isinstance(thin, int):
+        raise ValueError(f"thin must be a positive number of epochs, got {thin!r}")
+
+
 def _draw(
     req: Request,
     *,
@@ -252,17 +270,13 @@ def _draw(
         the effective temperature (mean, min and max over the kept samples) and the kinetic temperature.
     """
     setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
-    if setting not in SETTINGS:
-        raise ValueError(f"setting must be one of {sorted(SETTINGS)}, got {setting!r}")
+    _check(setting=setting, lr=lr, alpha=alpha, noise_batches=noise_batches, temperature=temperature,
+           burn_in=burn_in, thin=thin)
     alpha = SETTINGS[setting]["alpha"] if alpha is None else alpha
     correction = SETTINGS[setting]["correction"] if correction is None else bool(correction)
     rec = setup.recipe
     lr = rec.lr_at(rec.epochs - 1) if lr is None else lr
-    check_positive(lr=lr, temperature=temperature, thin=thin)
-    if not 0.0 < alpha <= 1.0:
-        raise ValueError(f"friction alpha must be in (0, 1], got {alpha!r}")
-    if isinstance(noise_batches, bool) or not isinstance(noise_batches, int) or noise_batches < 2:
-        raise ValueError(f"noise_batches must be an integer >= 2, got {noise_batches!r}")
+    check_positive(lr=lr)
     if rec.weight_decay <= 0:
         raise ValueError(
             f"SGHMC needs a proper Gaussian prior, but the recipe's weight decay (prior precision / N) is "
@@ -270,10 +284,6 @@ def _draw(
         )
     from_base = base is not None
     burn_in = (max(1, rec.epochs // 2) if from_base else rec.epochs) if burn_in is None else burn_in
-    if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
-        raise ValueError(f"burn_in must be a non-negative number of epochs, got {burn_in!r}")
-    if isinstance(thin, bool) or not isinstance(thin, int):
-        raise ValueError(f"thin must be a positive number of epochs, got {thin!r}")
     n_train = setup.n_train
     eta = lr / n_train
     chain_seeds = base_seeds(n_modes, req.seed)
@@ -287,7 +297,7 @@ def _draw(
                      temperature=temperature, gen=gen)
     if setup.arch in _train.STACKED_GRADS:
         if from_base:
-            theta = {k: base[k].clone() for k in _train.OPTUNET_SHAPES}
+            theta = {k: base[k].clone() for k in reference_state(setup)}
         else:
             theta = init_stacked(setup, chain_seeds)
         thermo = _Thermometer(setup, thermo_seeds, noise_batches, correction, eta, alpha, temperature)
@@ -387,5 +397,5 @@ def _draw(
     )
 
 
-METHOD = Method("sghmc", _draw, base="optional")
+METHOD = Method("sghmc", _draw, base="optional", check=_check)
 sample = METHOD.sampler()

@@ -43,7 +43,7 @@ import torch
 from symlib import training as _train
 from symlib.params import Params, flatten, unflatten, unstack
 from symlib.posteriors import modules
-from symlib.posteriors.base import Method, Request, SampleSet, Setup, check_positive
+from symlib.posteriors.base import Method, Request, SampleSet, Setup, check_positive, reference_state
 from symlib.posteriors.modules import new_module
 from symlib.posteriors.seeds import generator, stream_seeds
 from symlib.progress import bar
@@ -149,7 +149,7 @@ def fit(
     mom = Moments(rank)
     m = len(seeds)
     if setup.arch in _train.STACKED_GRADS:
-        names = list(_train.OPTUNET_SHAPES)
+        names = list(reference_state(setup))
         losses = torch.zeros(m, dtype=torch.float64)
         count = [0]
 
@@ -200,6 +200,15 @@ def fit(
     return mom, names, final
 
 
+def _check(*, lr: float | None = None, epochs: int | None = None, n_snapshots: int = 20, rank: int = 20,
+           scale: float = 0.1, **_: object) -> None:
+    """The values of SWAG's hyper-parameters (``None``: the recipe's default, checked when drawing)."""
+    given = {"lr": lr, "epochs": epochs, "n_snapshots": n_snapshots, "scale": scale}
+    check_positive(**{k: v for k, v in given.items() if v is not None})
+    if isinstance(rank, bool) or not (isinstance(rank, int) and 2 <= rank):
+        raise ValueError(f"rank must be an integer >= 2, got {rank!r}")
+
+
 def _draw(
     req: Request,
     *,
@@ -232,9 +241,7 @@ def _draw(
     setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
     lr = setup.recipe.lr if lr is None else lr
     epochs = 2 * setup.recipe.epochs if epochs is None else epochs
-    check_positive(lr=lr, epochs=epochs, n_snapshots=n_snapshots, scale=scale)
-    if not (isinstance(rank, int) and 2 <= rank):
-        raise ValueError(f"rank must be an integer >= 2, got {rank!r}")
+    _check(lr=lr, epochs=epochs, n_snapshots=n_snapshots, rank=rank, scale=scale)
     *data_seeds, draw_seed = stream_seeds(n_modes + 1, req.seed, "swag")
     mom, names, final = fit(
         setup, base, data_seeds, lr=lr, epochs=epochs, n_snapshots=n_snapshots, rank=rank,
@@ -276,5 +283,5 @@ def _draw(
     )
 
 
-METHOD = Method("swag", _draw, base="required")
+METHOD = Method("swag", _draw, base="required", check=_check)
 sample = METHOD.sampler()

@@ -15,7 +15,15 @@ from symlib import scales as _scales
 from symlib import store
 from symlib.params import Params
 from symlib.store import MANIFEST, chunk_name
-from symlib.zoo.chunks import ZooError, config_of, read_chunk, read_manifest, write_manifest
+from symlib.zoo.chunks import (
+    ZooError,
+    check_manifest,
+    check_records,
+    config_of,
+    read_chunk,
+    read_manifest,
+    write_manifest,
+)
 from symlib.zoo.config import ZooConfig
 
 
@@ -27,11 +35,18 @@ def _check_complete(path: Path, man: dict[str, Any], cfg: ZooConfig) -> None:
         raise ZooError(f"{path / MANIFEST}: chunks {dup} listed twice")
     if missing:
         lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
-        how = (
-            f"this is shard {man['shard'][0]}/{man['shard'][1]}: merge all shards with `symlib zoo merge`"
-            if man.get("shard")
-            else f"finish it with `symlib zoo repair {path}` (it trains exactly the missing chunks)"
-        )
+        merging = man.get("merging") or {}
+        if merging.get("shards"):
+            shards = " ".join(str(p) for p in merging["shards"])
+            how = (
+                f"a merge into this folder was interrupted: run it again (`symlib zoo merge {shards} --out "
+                f"{path}`), or train the missing chunks with `symlib zoo repair {path}`"
+            )
+        elif man.get("shard"):
+            k, n = man["shard"]
+            how = f"this is shard {k}/{n}: merge all shards with `symlib zoo merge`"
+        else:
+            how = f"finish it with `symlib zoo repair {path}` (it trains exactly the missing chunks)"
         raise ZooError(
             f"{path / MANIFEST}: zoo is incomplete, missing {len(lost)} models (seeds {lost[:10]}"
             f"{'...' if len(lost) > 10 else ''}); {how}"
@@ -54,18 +69,21 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
         ``(params, manifest)`` or ``(models, manifest)``.
 
     Raises:
-        ZooError: naming the file, for a missing/corrupt manifest or chunk, another architecture, NaN
-            weights, or missing models.
+        ZooError: naming the file, for a missing/corrupt manifest or chunk, a chunk file at another
+            chunk's name, a manifest whose architecture, seeds or metrics differ from its configuration or
+            chunks, another architecture, NaN weights, or missing models.
     """
     if as_ not in ("stacked", "models"):
         raise ValueError(f"as_ must be 'stacked' or 'models', got {as_!r}")
     path = Path(path)
     man = read_manifest(path)
     cfg = config_of(path, man)
+    check_manifest(path, man, cfg)
     _check_complete(path, man, cfg)
     parts = []
     for c in range(cfg.n_chunks):
-        tensors, recs = read_chunk(path / chunk_name(c), cfg)
+        tensors, recs = read_chunk(path / chunk_name(c), cfg, c)
+        check_records(path, man, cfg, c, recs)
         parts.append(tensors)
     dev = _scales.check_device(device)
     stacked = {k: torch.cat([p[k] for p in parts]).to(dev) for k in parts[0]}
@@ -123,6 +141,10 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
     Every shard must hold the same configuration and data; every chunk must be present exactly once
     and pass :func:`read_chunk`.
 
+    The output folder is checked before any chunk is read; while the chunks are copied its manifest
+    names the shards (an interrupted merge says how to finish it), and temporary files an interrupted
+    merge left there are removed.
+
     Returns:
         The merged manifest.
     """
@@ -166,7 +188,7 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
                     f"{owner[c]} and {p}; each shard must train a disjoint slice"
                 )
             owner[c] = p
-            records[c] = read_chunk(p / chunk_name(c), cfg)[1]
+            records[c] = read_chunk(p / chunk_name(c), cfg, c)[1]
     missing = sorted(set(range(cfg.n_chunks)) - set(owner))
     if missing:
         lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
@@ -175,6 +197,10 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
             f"seeds {lost[:10]}{'...' if len(lost) > 10 else ''}); train the missing shards first"
         )
     out.mkdir(parents=True, exist_ok=True)
+    store.remove_stale(out)  # left by an interrupted merge (one writer per folder at a time)
+    if old is None:  # a new folder: say what is being written there until the merge is done
+        write_manifest(out, cfg, [], {}, mans[0].get("data"), None, list(range(cfg.n_chunks)),
+                       merging={"shards": [str(p) for p in dirs]})
     for c, p in sorted(owner.items()):
         src, dst = p / chunk_name(c), out / chunk_name(c)
         if src.resolve() != dst.resolve():
@@ -230,6 +256,7 @@ def load_or_train(
     except store.DamagedError:
         man, damaged = None, True
     if man is None or not man.get("complete"):
+        store.check_folder(path, "zoo", "zoo cache (cache_dir, --cache or $SYMLIB_CACHE)")
         _zoo.train(cfg, path, device=device, progress=progress, repair=damaged)
     try:
         return load(path, as_=as_, device=device)
@@ -245,10 +272,11 @@ def info(path: str | os.PathLike) -> str:
     path = Path(path)
     man = read_manifest(path)
     cfg = config_of(path, man)
+    check_manifest(path, man, cfg)
     n = len(man["models"])
     lines = [
-        f"zoo {path}: {man['preset']} at scale {man['scale']} (config {man['config_hash']})",
-        f"  arch {man['arch']}, {n}/{cfg.n_models} models in {len(man['chunks'])}/{cfg.n_chunks} chunks"
+        f"zoo {path}: {cfg.preset} at scale {cfg.scale} (config {cfg.hash})",
+        f"  arch {cfg.arch}, {n}/{cfg.n_models} models in {len(man['chunks'])}/{cfg.n_chunks} chunks"
         + (f", shard {man['shard'][0]}/{man['shard'][1]}" if man.get("shard") else "")
         + (", complete" if man.get("complete") else ", incomplete"),
         f"  recipe {cfg.recipe}",

@@ -1,16 +1,20 @@
 """A zoo's chunks and manifest on the common format of :mod:`symlib.store` (book: "Checkpoint zoos").
 
-A zoo chunk records the zoo's config hash, its chunk index and one record per model (seed and metrics);
-the zoo's manifest records the configuration, the data fingerprint, every model's metrics and the chunks
-written so far. Reading a chunk checks everything :func:`symlib.store.read_chunk` checks, plus the seeds
-and the architecture's tensor names and shapes.
+A zoo chunk records the zoo's config hash, its own chunk index, the architecture and one record per model
+(seed and metrics); the zoo's manifest records the configuration, the data fingerprint, every model's
+metrics and the chunks written so far. Reading a chunk (:func:`read_chunk`) checks everything
+:func:`symlib.store.read_chunk` checks (its header's and its tensors' sha256), that the chunk is the one
+its file name says (index and seeds: two chunk files swapped are named, not loaded) and the
+architecture's tensor names and shapes. :func:`check_manifest` checks that what a manifest says about the
+networks (architecture, seeds, chunks) agrees with its configuration, whose hash the chunks carry;
+:func:`symlib.zoo.load` then compares every model's record with its chunk's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +22,26 @@ import torch
 
 from symlib import store
 from symlib.params import Params
-from symlib.store import FORMAT, MANIFEST, chunk_name
+from symlib.store import FORMAT, MANIFEST, DamagedError, chunk_name, jsonable
 from symlib.store import StoreError as ZooError
 from symlib.zoo.config import ZooConfig
 
 KIND = "zoo"
+RECORD = ("seed", "train_acc", "train_loss", "test_acc", "test_loss")
+"""What a chunk and the manifest record of every model."""
 
 __all__ = [
     "FORMAT",
     "KIND",
     "MANIFEST",
+    "RECORD",
     "ZooError",
+    "check_manifest",
+    "check_records",
     "config_of",
     "read_chunk",
     "read_manifest",
+    "read_records",
     "repair_hint",
     "write_manifest",
 ]
@@ -78,30 +88,178 @@ def reference_shapes(cfg: ZooConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def read_chunk(path: str | os.PathLike, cfg: ZooConfig) -> tuple[Params, list[dict[str, Any]]]:
+def _index(path: Path, chunk: int | None) -> int:
+    if chunk is not None:
+        return int(chunk)
+    m = re.fullmatch(r"chunk-(\d+)\.safetensors", path.name)
+    if m is None:
+        raise ValueError(f"{path}: not named like a chunk (chunk-00000.safetensors, ...); pass its index")
+    return int(m.group(1))
+
+
+def _records(path: Path, meta: dict[str, str], cfg: ZooConfig, c: int, fix: str) -> list[dict[str, Any]]:
+    """The model records of chunk ``c`` from its header, checked: the chunk is the one its name says."""
+    if not 0 <= c < cfg.n_chunks:
+        raise ZooError(f"{path}: zoo {cfg.preset}/{cfg.scale} has {cfg.n_chunks} chunks, not a chunk {c}")
+    records = store.header_records(path, meta, "models", RECORD, fix)
+    try:
+        held = int(meta["chunk"])
+    except (KeyError, ValueError):
+        held = None
+    if held is None or meta.get("arch") != cfg.arch:
+        raise DamagedError(
+            f"{path}: its header (metadata) is damaged: it does not record the chunk index and the "
+            f"architecture {cfg.arch!r} as symlib writes them; {fix}"
+        )
+    seeds = [r["seed"] for r in records]
+    want = list(cfg.seeds[slice(*cfg.chunk_range(c))])
+    if held == c and seeds == want:
+        return records
+    if 0 <= held < cfg.n_chunks and held != c and seeds == list(cfg.seeds[slice(*cfg.chunk_range(held))]):
+        raise DamagedError(
+            f"{path}: holds chunk {held} of this zoo (seeds {seeds}), not chunk {c} (seeds {want}): chunk "
+            f"files were swapped or renamed; move it back to {chunk_name(held)} (and each other misplaced "
+            f"chunk to its own name), or {fix}"
+        )
+    raise DamagedError(
+        f"{path}: its header records chunk {held} with seeds {seeds}, but chunk {c} of this zoo holds seeds "
+        f"{want}: the header is damaged; {fix}"
+    )
+
+
+def read_chunk(
+    path: str | os.PathLike, cfg: ZooConfig, chunk: int | None = None
+) -> tuple[Params, list[dict[str, Any]]]:
     """Read and check one chunk file of a zoo with configuration ``cfg``.
+
+    Args:
+        path: the chunk file.
+        cfg: the zoo's configuration.
+        chunk: its index (default: the one its name says, ``chunk-00003.safetensors``: 3).
 
     Returns:
         The stacked tensors and the per-model records (seed and metrics).
 
     Raises:
-        ZooError: naming the file, if it is unreadable, belongs to another configuration, has the wrong
-            seeds, tensor names or shapes (another architecture), holds NaN/infinite weights, or its
-            weights do not match the checksum written with them.
+        ZooError: naming the file, if it belongs to another configuration ("do not mix sets"), or has
+            tensor names or shapes of another architecture, or NaN/infinite weights; a
+            :class:`symlib.store.DamagedError` (repaired by ``symlib zoo repair``) if it is missing,
+            unreadable, its header or weights do not match the sha256 written with them, or it holds
+            another chunk of the zoo (its index and seeds: a file swapped or renamed).
     """
     path = Path(path)
+    c = _index(path, chunk)
     fix = repair_hint(path.parent)
-    tensors, meta = store.read_chunk(path, {"config_hash": cfg.hash}, fix)
-    c = int(meta["chunk"])
+    tensors, meta = store.read_chunk(path, {"config_hash": cfg.hash}, fix, legacy=store.LEGACY[KIND])
+    records = _records(path, meta, cfg, c, fix)
     start, stop = cfg.chunk_range(c)
-    records = json.loads(meta["models"])
-    seeds = [r["seed"] for r in records]
-    if seeds != list(cfg.seeds[start:stop]):
-        raise ZooError(f"{path}: holds seeds {seeds}, expected {list(cfg.seeds[start:stop])}")
     store.check_tensors(
-        path, tensors, reference_shapes(cfg), stop - start, f"architecture {cfg.arch!r}", seeds, DIVERGED
+        path, tensors, reference_shapes(cfg), stop - start, f"architecture {cfg.arch!r}",
+        [r["seed"] for r in records], DIVERGED,
     )
     return tensors, records
+
+
+def read_records(path: str | os.PathLike, cfg: ZooConfig, chunk: int | None = None) -> list[dict[str, Any]]:
+    """The model records of one chunk file, from its header only (cheap): the checks of
+    :func:`read_chunk` but the weights' sha256, shapes and finiteness."""
+    path = Path(path)
+    c = _index(path, chunk)
+    fix = repair_hint(path.parent)
+    meta = store.read_header(path, {"config_hash": cfg.hash}, fix, legacy=store.LEGACY[KIND])
+    return _records(path, meta, cfg, c, fix)
+
+
+def _fix_manifest(path: str | os.PathLike) -> str:
+    return (
+        f"the manifest was edited or damaged: restore it, or rebuild it from the chunks with `symlib zoo "
+        f"repair {path}`"
+    )
+
+
+def check_manifest(path: str | os.PathLike, man: dict[str, Any], cfg: ZooConfig) -> None:
+    """Check that what a zoo manifest says about its networks agrees with its configuration ``cfg``
+    (:func:`config_of`, checked against its hash, which every chunk carries): the preset, scale,
+    architecture, recipe and size, the chunks listed, the models' seeds (in ``"models"`` and
+    ``"seeds"``) and whether it is complete. Cheap (the manifest only); :func:`symlib.zoo.load` also
+    compares every model's record with its chunk's (:func:`check_records`).
+
+    Raises:
+        ZooError: naming the entry, the value recorded and the expected one, and the fix.
+    """
+    file = Path(path) / MANIFEST
+    fix = _fix_manifest(path)
+    derived = {
+        "preset": cfg.preset, "scale": cfg.scale, "arch": cfg.arch,
+        "recipe": jsonable(dataclasses.asdict(cfg.recipe)), "n_models": cfg.n_models,
+    }
+    for key, value in derived.items():
+        if man.get(key) != value:
+            raise ZooError(
+                f"{file}: records {key} {man.get(key)!r}, but its configuration (config {cfg.hash}, which "
+                f"its chunks carry) says {value!r}; {fix}"
+            )
+    try:
+        chunks = [int(ch["chunk"]) for ch in man["chunks"]]
+        for ch, c in zip(man["chunks"], chunks, strict=True):
+            span = [ch.get("start"), ch.get("stop")]
+            if not 0 <= c < cfg.n_chunks or ch.get("file") != chunk_name(c) or span != [*cfg.chunk_range(c)]:
+                raise ValueError(f"chunk entry {ch}")
+        seeds = [m["seed"] for m in man["models"]]
+        shard = man.get("shard")
+        mine = list(range(int(shard[0]), cfg.n_chunks, int(shard[1])) if shard else range(cfg.n_chunks))
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise ZooError(
+            f"{file}: its chunk or model list is malformed ({type(e).__name__}: {e}); {fix}"
+        ) from None
+    want = [s for c in sorted(set(chunks)) for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
+    if seeds != want:
+        raise ZooError(
+            f"{file}: lists models of seeds {_short(seeds)}, but its chunks {_short(sorted(chunks))} hold "
+            f"seeds {_short(want)}; {fix}"
+        )
+    if man.get("seeds") != seeds:
+        raise ZooError(
+            f"{file}: records seeds {_short(man.get('seeds'))}, but its models are those of seeds "
+            f"{_short(seeds)}; {fix}"
+        )
+    if bool(man.get("complete")) != (sorted(set(chunks)) == mine):
+        raise ZooError(
+            f"{file}: says complete={man.get('complete')}, but it lists chunks {_short(chunks)}; {fix}"
+        )
+
+
+def _short(items: Any, n: int = 8) -> str:
+    if not isinstance(items, list):
+        return repr(items)
+    return str(items[:n])[:-1] + (", ...]" if len(items) > n else "]")
+
+
+def check_records(
+    path: str | os.PathLike, man: dict[str, Any], cfg: ZooConfig, c: int, records: list[dict[str, Any]]
+) -> None:
+    """Check that the manifest ``man`` (checked by :func:`check_manifest`) records for the models of
+    chunk ``c`` exactly what the chunk holds (``records``, from :func:`read_chunk`): seeds and metrics.
+
+    Raises:
+        ZooError: naming the model, the entry and both values, and the fix.
+    """
+    chunks = sorted({int(ch["chunk"]) for ch in man["chunks"]})
+    if c not in chunks:
+        return
+    offset = sum(len(range(*cfg.chunk_range(k))) for k in chunks if k < c)
+    listed = man["models"][offset: offset + len(records)]
+    file = Path(path) / MANIFEST
+    if len(listed) != len(records):
+        raise ZooError(f"{file}: lists {len(listed)} models for {chunk_name(c)}, which holds {len(records)}; "
+                       f"{_fix_manifest(path)}")
+    for mine, theirs in zip(listed, records, strict=True):
+        if mine != theirs:
+            k = ([k for k in RECORD if mine.get(k) != theirs.get(k)] or sorted(set(mine) ^ set(theirs)))[0]
+            raise ZooError(
+                f"{file}: records {k} {mine.get(k)!r} for the model of seed {theirs['seed']}, but "
+                f"{chunk_name(c)} holds {theirs.get(k)!r}; {_fix_manifest(path)}"
+            )
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -117,8 +275,10 @@ def write_manifest(
     data_info: dict | None,
     shard: tuple[int, int] | None,
     expected: list[int],
+    merging: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the manifest of a zoo holding ``chunks`` (of ``expected``) with their model ``records``."""
+    """Write the manifest of a zoo holding ``chunks`` (of ``expected``) with their model ``records``;
+    ``merging`` (``{"shards": [...]}``) marks a folder that :func:`symlib.zoo.merge` is filling."""
     models = [r for c in sorted(records) for r in records[c]]
     man = {
         "format": FORMAT,
@@ -144,6 +304,7 @@ def write_manifest(
         ],
         "shard": list(shard) if shard is not None else None,
         "complete": sorted(chunks) == sorted(expected),
+        **({"merging": merging} if merging else {}),
         **store.provenance(),
     }
     store.write_manifest(out, man)

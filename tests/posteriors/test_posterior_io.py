@@ -302,3 +302,69 @@ def test_an_edited_architecture_fails_info_check(edit, tmp_path, tiny, capsys):
     assert re.search(msg, err) and "rerun `symlib posterior sample` with the same arguments" in err, err
     with pytest.raises(store.StoreError, match=msg):
         symlib.load(tmp_path, as_="models")
+
+
+@pytest.mark.parametrize("extra", [[], ["--executor", "local"]])
+def test_cli_refuses_bad_hyper_values_and_cache_before_any_work(extra, tmp_path, monkeypatch, capsys):
+    """Hyper-parameter values the method refuses, and a --cache that cannot hold the base models, fail
+    before any data is loaded or base model trained, naming the option."""
+    _no_work(monkeypatch)
+    monkeypatch.setattr(sampling, "setup_for", lambda *a, **k: pytest.fail("loaded the training problem"))
+    argv = ["posterior", "sample", "--method", "swag", "--preset", "mnist-optunet", "--scale", "tiny",
+            "--out", str(tmp_path / "s"), *extra]
+    for hyper, msg in (("scale=-1", "scale must be a finite positive number, got -1"),
+                       ("lr=abc", "lr must be a finite positive number, got 'abc'"),
+                       ("rank=1", "rank must be an integer >= 2, got 1")):
+        assert cli.main([*argv, "--hyper", hyper]) == 2
+        assert f"symlib: error: --hyper: {msg}" in capsys.readouterr().err
+    (tmp_path / "f").write_text("a file")
+    for cache in (tmp_path / "f", tmp_path / "f" / "cache"):
+        assert cli.main([*argv, "--cache", str(cache)]) == 2
+        err = capsys.readouterr().err
+        assert "choose another --cache" in err and "--out" not in err, err
+    assert not (tmp_path / "s").exists() and (tmp_path / "f").read_text() == "a file"
+
+
+def _flip_in_header(file, needle: bytes) -> None:
+    raw = bytearray(file.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    i = raw.index(needle, 8, 8 + n)
+    raw[i + 1] ^= 0x01
+    file.write_bytes(bytes(raw))
+
+
+def test_a_damaged_chunk_header_is_named_and_rewritten(tmp_path):
+    """One flipped bit in a chunk's metadata: named as a damaged chunk (not a KeyError), and a rerun of
+    the same write rewrites exactly that chunk."""
+    a = _set()
+    io.save(a, tmp_path)
+    _flip_in_header(tmp_path / "chunk-00001.safetensors", b"index")
+    msg = r"chunk-00001.safetensors: its header .*damaged.*rerun `symlib posterior sample`"
+    with pytest.raises(store.DamagedError, match=msg):
+        symlib.load(tmp_path)
+    io.save(a, tmp_path)
+    got, _ = symlib.load(tmp_path)
+    assert all(torch.equal(a.params[k], got[k]) for k in got)
+
+
+def test_sample_sets_of_the_previous_format_still_load(tmp_path):
+    """Chunks written before headers carried their sha256 load as before; swapped ones are named."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    a = _set()
+    io.save(a, tmp_path)
+    for c in range(2):
+        file = tmp_path / store.chunk_name(c)
+        with safe_open(str(file), framework="pt") as f:
+            meta = {k: v for k, v in f.metadata().items() if k != store.HEADER}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        save_file(tensors, file, metadata=meta)
+    got, _ = symlib.load(tmp_path)
+    assert all(torch.equal(a.params[k], got[k]) for k in got)
+    first = (tmp_path / "chunk-00000.safetensors").read_bytes()
+    (tmp_path / "chunk-00000.safetensors").write_bytes((tmp_path / "chunk-00001.safetensors").read_bytes())
+    (tmp_path / "chunk-00001.safetensors").write_bytes(first)
+    with pytest.raises(store.DamagedError, match=r"chunk-00000.safetensors: holds samples \[3, 4, 5\]\.\.\., "
+                       r"expected 0..2: chunk files were swapped"):
+        symlib.load(tmp_path)

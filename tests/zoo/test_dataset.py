@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,3 +210,86 @@ def test_hf_address_resolves_through_the_hub_cache_offline(tiny_zoo, exported, t
     missing = subprocess.run([sys.executable, "-m", "symlib", "zoo", "info", "hf://owner/elsewhere"], env=env,
                              cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "cannot resolve the dataset" in missing.stderr
+
+
+def _rewrite_table(folder: Path, edit) -> None:
+    rows = list(csv.DictReader((folder / dataset.TABLE).open()))
+    edit(rows)
+    with (folder / dataset.TABLE).open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_swapped_chunks_with_matching_table_hashes_are_named(exported, tmp_path):
+    """Two chunk files of an export swapped and the table's sha256 updated to match: the chunks say which
+    chunk they hold, so nothing loads with networks attached to the wrong seeds."""
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    a, b = bad / "chunk-00000.safetensors", bad / "chunk-00001.safetensors"
+    first = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(first)
+
+    def rehash(rows):
+        for r in rows:
+            r["chunk_sha256"] = dataset.file_sha256(bad / r["chunk_file"])
+
+    _rewrite_table(bad, rehash)
+    with pytest.raises(store.DamagedError, match=r"chunk-00000.safetensors: holds chunk 1 .*swapped or"):
+        symlib.load(bad)
+    with pytest.raises(store.DamagedError, match="swapped or renamed"):
+        symlib.info(bad)
+
+
+@pytest.mark.parametrize("column, value", [("seed", "5"), ("test_acc", "0.99"), ("arch", "resnet18"),
+                                           ("chunk_row", "0")])
+def test_an_edited_table_is_named(exported, tmp_path, column, value, capsys):
+    """Every cell of the manifest table is checked against the manifest and the chunk that holds the
+    network: an edited seed or test accuracy is named, not reported as verified."""
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    _rewrite_table(bad, lambda rows: rows[3].update({column: value}))
+    msg = rf"checkpoints.csv: row 4 \(index 3\) says {column} '{value}', but chunk-00001.safetensors"
+    with pytest.raises(store.StoreError, match=msg + r".*edited or damaged since the export"):
+        dataset.verify(bad)
+    assert cli.main(["zoo", "info", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(msg, err) and "verified" not in err
+
+
+def test_export_removes_what_a_killed_export_left(tiny_zoo, tmp_path):
+    """A killed export leaves its temporary copy beside the target; the next export to it removes it (the
+    copy of an export still running is kept)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = tmp_path / f".ds.export-{gone.pid}.tmp"
+    left.mkdir()
+    (left / "chunk-00000.safetensors").write_bytes(b"half a copy")
+    running = tmp_path / f".ds.export-{os.getppid()}.tmp"
+    running.mkdir()
+    dataset.export(tiny_zoo, tmp_path / "ds", validate=False)
+    assert not left.exists() and running.exists() and dataset.verify(tmp_path / "ds")
+
+
+def test_export_to_a_bad_place_or_license_is_refused_before_any_work(tiny_zoo, tmp_path, capsys):
+    import scenarios
+
+    (tmp_path / "f").write_text("a file")
+    under = r"lies under .*f, which is a file, not a folder; choose another --to"
+    cases = [(tmp_path / "f" / "ds", {}, under),
+             (tmp_path / "ds", {"license": "MIT"}, r"unknown license 'MIT' \(did you mean 'mit'\?\)"),
+             (tmp_path / "ds", {"license": "beerware"}, r"unknown license 'beerware'.*pass other")]
+    ro = scenarios.readonly_folder(tmp_path)
+    if ro is not None:
+        cases.append((ro / "ds", {}, r"is not writable .*choose a writable --to"))
+    before = scenarios.snapshot(tmp_path)
+    for to, kw, msg in cases:
+        with pytest.raises((store.StoreError, ValueError), match=msg):
+            dataset.export(tiny_zoo, to, validate=False, **kw)
+        argv = ["zoo", "export", str(tiny_zoo), "--to", str(to), "--no-validate"]
+        argv += ["--license", kw["license"]] if kw else []
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert re.search(msg, err) and "Traceback" not in err, err
+    assert scenarios.snapshot(tmp_path) == before and not (tmp_path / "ds").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -193,3 +194,82 @@ def test_slurm_parameters_reach_the_sbatch_script(tmp_path, monkeypatch):
                  "--qos=preemptible", "--signal=USR2", "source .venv/bin/activate"):
         assert line in text, line
     assert ex._executor.parameters["array_parallelism"] == 4
+
+
+def _no_executor(monkeypatch):
+    """Make building submitit's executor fail the test: refusals of --out must come first."""
+    import symlib.zoo.fanout as package
+
+    def boom(*a, **k):
+        raise AssertionError("built the executor before refusing --out")
+
+    monkeypatch.setattr(package, "make_executor", boom)
+
+
+@pytest.mark.parametrize("case", ["file", "under-file", "read-only", "foreign-chunks", "sample-set"])
+def test_out_is_checked_before_any_work(case, tmp_path, monkeypatch, capsys):
+    """--executor checks --out as the plain path does: a file, a path under a file, a read-only folder,
+    chunks of another zoo, a sample set are refused before anything is written or submitted."""
+    import scenarios
+
+    from symlib import cli
+    from symlib.posteriors import SampleSet, io
+
+    if case == "file":
+        (tmp_path / "f").write_text("a file")
+        out, msg = tmp_path / "f", r"is a file, not a folder; choose another --out"
+    elif case == "under-file":
+        (tmp_path / "f").write_text("a file")
+        out, msg = tmp_path / "f" / "zoo", r"lies under .*f, which is a file, not a folder; choose another"
+    elif case == "read-only":
+        ro = scenarios.readonly_folder(tmp_path)
+        if ro is None:
+            pytest.skip("no read-only folder on this machine")
+        out, msg = ro / "zoo", r"is not writable .*choose a writable --out"
+    elif case == "foreign-chunks":
+        out = tmp_path / "zoo"
+        zoo.train(tiny(n_models=1, seed=50), out, progress=False)
+        (out / "manifest.json").unlink()  # what the folder holds is told by its chunks
+        msg = r"chunk-00000.safetensors: belongs to another zoo .*do not mix sets"
+    else:
+        out = tmp_path / "set"
+        io.save(SampleSet({"w": torch.ones(4, 2)}, "swag", 2, 2), out)
+        msg = r"holds a posterior sample set, not a zoo; choose another --out"
+    before = scenarios.snapshot(tmp_path)
+    _no_executor(monkeypatch)
+    with pytest.raises(zoo.ZooError, match=msg):
+        fanout.submit(tiny(), out, 2, "local")
+    argv = ["zoo", "train", "--preset", "mnist-optunet", "--scale", "tiny", "--out", str(out), "--executor",
+            "local", "--no-progress"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("symlib: error: ") and "Traceback" not in err and re.search(msg, err), err
+    assert scenarios.snapshot(tmp_path) == before and not (out / "fanout").exists()
+
+
+def test_slurm_without_slurm_writes_nothing(tmp_path, monkeypatch):
+    """Where SLURM cannot be reached, the fan-out says so and leaves no plan behind."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no srun, no sbatch
+    with pytest.raises(zoo.ZooError, match=r"--executor slurm: submitit cannot reach SLURM .*use --executor "
+                       r"local; nothing was written"):
+        fanout.submit(tiny(), tmp_path / "zoo", 2, "slurm")
+    assert not (tmp_path / "zoo").exists()
+
+
+def test_retries_and_poll_are_checked(tmp_path, capsys):
+    from symlib import cli
+
+    for kw, msg in (({"max_retries": -1}, "max_retries"), ({"poll_s": 0}, "poll_s must be a positive"),
+                    ({"timeout_s": float("nan")}, "timeout_s")):
+        with pytest.raises(ValueError, match=msg):
+            fanout.submit(tiny(), tmp_path / "zoo", 2, "local", **kw)
+    base = ["zoo", "train", "--preset", "mnist-optunet", "--scale", "tiny", "--out", str(tmp_path / "zoo"),
+            "--executor", "local"]
+    for opt, value, msg in (("--max-retries", "-1", "takes an integer >= 0"),
+                            ("--poll", "0", "takes a positive"), ("--time", "0", "takes an integer >= 1")):
+        with pytest.raises(SystemExit) as e:
+            cli.main([*base, opt, value])
+        assert e.value.code == 2 and f"argument {opt}: {msg}" in capsys.readouterr().err
+    assert not (tmp_path / "zoo").exists()

@@ -105,6 +105,23 @@ def _seed_of(seed: int) -> int:
     )
 
 
+def _check(*, structure: str | None = None, hessian: str = "ggn", prior_precision: float | None = None,
+           tune: str | None = None, bias: str = "separate", **_: object) -> None:
+    """The values of the Laplace hyper-parameters that do not depend on the setup."""
+    if structure is not None and structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+    if hessian not in HESSIANS:
+        raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
+    if hessian == "full" and structure not in (None, "full"):
+        raise ValueError("hessian='full' (exact Hessian) needs structure='full'; last-layer KFAC is a GGN")
+    if bias not in BIAS:
+        raise ValueError(f"bias must be one of {BIAS}, got {bias!r}")
+    if tune not in (None, "marglik"):
+        raise ValueError(f"tune must be None or 'marglik', got {tune!r}")
+    if prior_precision is not None:
+        check_prior_precision(prior_precision)
+
+
 def _draw(
     req: Request,
     *,
@@ -148,16 +165,9 @@ def _draw(
     """
     setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
     structure = DEFAULT_STRUCTURE.get(setup.arch, "kron") if structure is None else structure
-    if structure not in STRUCTURES:
-        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
-    if hessian not in HESSIANS:
-        raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
+    _check(structure=structure, hessian=hessian, bias=bias, tune=tune)
     if hessian == "full" and structure != "full":
         raise ValueError("hessian='full' (exact Hessian) needs structure='full'; last-layer KFAC is a GGN")
-    if bias not in BIAS:
-        raise ValueError(f"bias must be one of {BIAS}, got {bias!r}")
-    if tune not in (None, "marglik"):
-        raise ValueError(f"tune must be None or 'marglik', got {tune!r}")
     if prior_precision is None and tune is None:
         lam0, source = check_prior_precision(setup.prior_precision), "weight_decay"
     elif prior_precision is not None:
@@ -206,5 +216,5 @@ def _draw(
     )
 
 
-METHOD = Method("laplace", _draw, base="required")
+METHOD = Method("laplace", _draw, base="required", check=_check)
 sample = METHOD.sampler()

@@ -386,6 +386,14 @@ def fit(
         bar.close()
 
 
+def _check(**hyper) -> None:
+    """The values of VI's hyper-parameters (:class:`Config`'s checks)."""
+    try:
+        Config(**hyper)
+    except TypeError as e:  # a value of the wrong type (a string for a number)
+        raise ValueError(f"vi hyper-parameters {hyper}: a value of the wrong type ({e})") from None
+
+
 def _draw(req: Request, **hyper) -> SampleSet:
     """Bayes-by-Backprop samples: ``n_modes`` posteriors trained here (BLiTZ's initialisation, not from
     base models; mode ``i`` has seed ``seed + i``, :func:`fit`), ``n_per_mode`` weight sets drawn from
@@ -428,6 +436,7 @@ METHOD = Method(
     _draw,
     base="ignored",
     hyper=tuple(f.name for f in dataclasses.fields(Config)),
+    check=_check,
     ignored_warning="VI trains its own posteriors from BLiTZ's initialisation; the base models are not used",
 )
 sample = METHOD.sampler()

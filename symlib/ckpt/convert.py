@@ -1,0 +1,251 @@
+r"""Checkpoints as symlib folders: ``symlib import`` and ``symlib canonicalize`` (book: "symlib on your own
+network").
+
+:func:`write` stores a stacked set in the project's one on-disk format (:mod:`symlib.store`: safetensors
+chunks that carry the sha256 of their tensors, a ``manifest.json``), as a sample set
+(:mod:`symlib.posteriors.io`: ``"kind": "posterior"``, ``n_modes`` checkpoints of ``n_per_mode``
+networks each), so that :func:`symlib.load`, :func:`symlib.info` (``symlib zoo info --check``),
+``symlib zoo export``, ``symlib compare`` and every function of the chapters work on it. The manifest
+adds:
+
+* ``"architecture"``: the :class:`~symlib.ckpt.recipe.Recipe` that rebuilds the network (checked to give
+  exactly the set's tensors before anything is written), from which the spec is traced;
+* ``"source"``: where the set came from: every file read with its size, kind and sha256, the state dict's
+  key and the prefix removed (or the folder a canonical set was computed from);
+* ``"sha256"`` in every chunk record: the sha256 of the chunk file's bytes.
+
+The folder is assembled under a temporary name beside ``out`` and renamed at the end: if any file fails
+to read or any check fails, nothing is written. :func:`import_checkpoints` reads checkpoint files
+(:func:`~symlib.ckpt.loader.read`) and writes them; :func:`canonical` writes the canonical forms
+(:func:`symlib.canonicalize`) of any set.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symlib import store
+from symlib.ckpt import loader
+from symlib.ckpt.errors import CheckpointError
+from symlib.ckpt.recipe import Recipe
+from symlib.params import Params
+
+__all__ = ["canonical", "check_out", "import_checkpoints", "write"]
+
+_SYMLIB_ARCHS = {"OptuNet": "optunet", "ResNet18": "resnet18", "ResNet20": "resnet20"}
+CHUNK_BYTES = 64 << 20
+
+
+def check_out(out: str | os.PathLike) -> Path:
+    """Refuse, before any work, an ``out`` that exists (a file, or a folder that is not empty: nothing is
+    ever overwritten) or lies where nothing can be written."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out}: already exists; nothing is overwritten: choose another --to (a new or "
+                              f"empty folder)")
+    parent = out.parent if out.parent != Path("") else Path(".")
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"{out}: cannot be created ({parent} is not a writable folder); choose another "
+                              f"--to")
+    return out
+
+
+def _model_record(recipe: Recipe, shapes: dict[str, tuple[int, ...]]) -> tuple[str, dict[str, Any]]:
+    """``(arch, model)`` of a sample set's manifest: a ``symlib.models`` class keeps the records the rest
+    of symlib knows (so that ``symlib.load(..., as_="models")`` rebuilds it); anything else is named by
+    its recipe."""
+    from symlib.posteriors import io
+
+    module, _, cls = recipe.target.rpartition(":")
+    if recipe.builder == "factory" and module == "symlib.models" and cls in _SYMLIB_ARCHS:
+        try:
+            rec = io.model_spec(_SYMLIB_ARCHS[cls], shapes)
+        except (KeyError, IndexError):
+            rec = None
+        if rec and rec["class"] == cls and set(recipe.args) <= set(rec["kwargs"]) and all(
+                rec["kwargs"][k] == v for k, v in recipe.args.items()):
+            return _SYMLIB_ARCHS[cls], rec
+    name = recipe.name
+    return (name if name.lower() not in _SYMLIB_ARCHS.values() else f"{name} ({recipe.builder})",
+            {"class": None, "kwargs": {}})
+
+
+def _check_recipe(recipe: Recipe, params: Params) -> None:
+    if recipe.builder == "factory" and recipe.target.split(":")[0] in ("__main__", "builtins"):
+        raise CheckpointError(
+            f"{recipe.target}: a network defined in a notebook or script (__main__) cannot be rebuilt by "
+            f"another process; put it in a module and pass model='module:Factory' (--model)"
+        )
+    ref = recipe.reference()
+    have = {k: tuple(v.shape[1:]) for k, v in params.items()}
+    if have != ref.shapes:
+        k = next((k for k in ref.shapes if have.get(k) != ref.shapes[k]), None) or next(
+            k for k in have if k not in ref.shapes)
+        raise CheckpointError(
+            f"{recipe.describe()} does not rebuild these checkpoints: tensor {k!r} has shape {have.get(k)} "
+            f"in the set and {ref.shapes.get(k)} in the architecture; pass the factory and arguments that "
+            f"built them (--model, --model-args)"
+        )
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write(
+    params: Params,
+    out: str | os.PathLike,
+    recipe: Recipe,
+    *,
+    method: str = "import",
+    n_modes: int | None = None,
+    n_per_mode: int = 1,
+    source: dict[str, Any] | None = None,
+    chunk: int | None = None,
+) -> dict[str, Any]:
+    """Write a stacked set as a symlib folder (module docstring).
+
+    Args:
+        params: ``{name: (n, ...)}``.
+        out: the folder to create (it must not exist, or be empty).
+        recipe: the architecture; it must rebuild exactly these tensors and be importable (a class of
+            ``__main__`` is not: put it in a module).
+        method: recorded as the set's method (``"import"``, ``"canonical"``, ``"laplace-torch"``, ...).
+        n_modes, n_per_mode: the set's structure (default: ``n`` modes of 1, independent checkpoints).
+        source: where the set comes from (recorded).
+        chunk: networks per chunk file (default: about 64 MiB per file).
+
+    Returns:
+        The manifest.
+
+    Raises:
+        CheckpointError: ``out`` exists, the recipe does not rebuild the tensors, or a weight is not
+            finite; nothing is written then.
+    """
+    from symlib.posteriors import SampleSet, io
+
+    out = check_out(out)
+    if not params:
+        raise CheckpointError("no tensors to write")
+    n = int(next(iter(params.values())).shape[0])
+    for k, v in params.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"tensor {k!r} holds NaN or infinite weights; nothing was written")
+    _check_recipe(recipe, params)
+    n_modes = n // n_per_mode if n_modes is None else n_modes
+    params = {k: v.detach().cpu().contiguous() for k, v in params.items()}
+    per_net = sum(v[0].numel() * v.dtype.itemsize for v in params.values()) or 1
+    chunk = chunk or max(1, min(n, CHUNK_BYTES // per_net))
+    ident = {"method": method, "tensors": store.tensor_digest(params), "architecture": recipe.record()}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    tmp = out.parent / f".{out.name}.{method}-{os.getpid()}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        io.save(SampleSet(params, method, n_modes, n_per_mode), tmp, chunk=chunk, key=key)
+        man = io.read_manifest(tmp)
+        arch, model = _model_record(recipe, {k: tuple(v.shape[1:]) for k, v in params.items()})
+        for ch in man["chunks"]:
+            ch["sha256"] = _file_sha256(tmp / ch["file"])
+        man.update({"arch": arch, "model": model, "architecture": recipe.record(),
+                    "source": store.jsonable(source or {})})
+        store.write_manifest(tmp, man)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return man
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def import_checkpoints(
+    sources: str | os.PathLike | Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    model: Any = None,
+    prefix: str | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Read checkpoint files (:func:`~symlib.ckpt.loader.read`, same arguments) and write them as a symlib
+    folder ``out`` (``symlib import SRC --to OUT``).
+
+    Returns:
+        The manifest (``"source"`` lists every file with its sha256).
+
+    Raises:
+        CheckpointError: ``out`` exists, a file fails to read, the architecture is unknown; nothing is
+            written.
+    """
+    check_out(out)
+    got = loader.read(sources, model, prefix, hashes=True, **kwargs)
+    if got.manifest is not None:
+        raise CheckpointError(f"{got.sources[0]}: already a symlib folder; read it with symlib.load, or "
+                              f"export it with `symlib zoo export`")
+    if got.recipe is None:
+        raise CheckpointError(
+            "the architecture of these checkpoints is unknown: pass it (--model MODULE:CALLABLE, with "
+            "--model-args JSON and --input-shape C,H,W; model= in Python), or keep the Hugging Face or timm "
+            "config.json beside the weights"
+        )
+    counts = set(got.counts)
+    per = counts.pop() if len(counts) == 1 else 1
+    source = {"from": [str(s) for s in ([sources] if isinstance(sources, str | os.PathLike) else sources)],
+              "checkpoints": got.sources, "networks_per_checkpoint": got.counts, "files": got.files,
+              "key": got.key, "prefix": got.prefix, "imported": _now()}
+    return write(got.params, out, got.recipe, method="import", n_per_mode=per, source=source)
+
+
+def canonical(
+    sources: str | os.PathLike | Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    model: Any = None,
+    prefix: str | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """The canonical forms (:func:`symlib.canonicalize`: unit-norm neurons, sorted) of any set, written as
+    a symlib folder ``out`` (``symlib canonicalize SRC --to OUT``). The source is a symlib folder or
+    checkpoint files (arguments of :func:`~symlib.ckpt.loader.read`); its architecture and input shape
+    must be known. Every network's function is checked to be unchanged.
+
+    Returns:
+        The manifest.
+    """
+    from symlib.symmetry.canonical import canonicalize
+
+    check_out(out)
+    got = loader.read(sources, model, prefix, hashes=True, **kwargs)
+    if got.recipe is None:
+        raise CheckpointError("the architecture is unknown: pass --model MODULE:CALLABLE and --input-shape")
+    spec = got.recipe.spec()
+    canon = canonicalize(got.params, spec)
+    man = got.manifest or {}
+    n_modes, per = man.get("n_modes"), man.get("n_per_mode", 1)
+    if n_modes is None or n_modes * per != got.n:
+        counts = set(got.counts)
+        per = counts.pop() if len(counts) == 1 else 1
+        n_modes = got.n // per
+    source = {"from": [str(s) for s in ([sources] if isinstance(sources, str | os.PathLike) else sources)],
+              "transform": "canonicalize (normalise-and-sort: unit-norm incoming weights, sorted)",
+              "set": {k: man[k] for k in ("kind", "method", "set_hash", "config_hash", "arch") if k in man},
+              "files": got.files, "computed": _now()}
+    return write(canon, out, got.recipe.with_shape(spec.input_shape), method="canonical", n_modes=n_modes,
+                 n_per_mode=per, source=source)

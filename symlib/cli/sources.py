@@ -1,0 +1,59 @@
+"""The options that say how to read checkpoint files and rebuild their network, shared by ``symlib import``,
+``symlib canonicalize``, ``symlib count`` and ``symlib compare`` (:mod:`symlib.ckpt`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EXAMPLE = """'{"width": 8}'"""
+
+
+def json_object(text: str) -> dict:
+    """``--model-args``: a JSON object of keyword arguments."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--model-args takes a JSON object such as {EXAMPLE} ({e})") \
+            from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"--model-args takes a JSON object such as {EXAMPLE}, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
+    """Add ``--model``, ``--model-args``, ``--input-shape`` and, with ``files``, ``--prefix``, ``--key`` and
+    ``--trust-pickle`` to ``p``."""
+    g = p.add_argument_group(
+        "architecture",
+        "The network the checkpoints belong to, when the folders do not say (a symlib folder records it; a "
+        "Hugging Face or timm config.json beside the weights names it).",
+    )
+    g.add_argument("--model", default=None, metavar="MODULE:CALLABLE",
+                   help="an importable callable that returns the nn.Module: package.module:Factory or "
+                        "path/to/file.py:Factory (timm: timm:create_model with --model-args "
+                        "'{\"model_name\": ...}')")
+    g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
+                   help="keyword arguments of --model, as a JSON object")
+    g.add_argument("--input-shape", default=None, metavar="C,H,W",
+                   help="shape of one input without the batch axis, e.g. 1,28,28 (to trace the symmetries)")
+    if not files:
+        return
+    f = p.add_argument_group("checkpoint files")
+    f.add_argument("--prefix", default=None,
+                   help="prefix to remove from the tensor names (e.g. 'model.' of a Lightning module; found "
+                        "when not given)")
+    f.add_argument("--key", default=None,
+                   help="where the state dict is inside the files (e.g. 'state_dict', 'model'; found when "
+                        "not given)")
+    f.add_argument("--trust-pickle", action="store_true",
+                   help="read files that need code to be unpickled with torch.load(weights_only=False): it "
+                        "runs the code the file names, so only for files you trust")
+
+
+def options(args) -> dict:
+    """The keyword arguments of :func:`symlib.ckpt.loader.read` that the options ask for."""
+    out = {"model": args.model, "model_args": args.model_args, "input_shape": args.input_shape}
+    if hasattr(args, "prefix"):
+        out.update(prefix=args.prefix, key=args.key, trust_pickle=args.trust_pickle)
+    return out

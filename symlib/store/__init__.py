@@ -1,0 +1,91 @@
+r"""The on-disk format of checkpoint sets: one owner for zoos and posterior sample sets (book: "Checkpoint
+zoos").
+
+A checkpoint set is a folder:
+
+* ``chunk-00000.safetensors``, ``chunk-00001.safetensors``, ...: consecutive networks per file, every
+  tensor stacked along a new first axis; the file's metadata (its *header*) holds the format, what the
+  chunk belongs to (a zoo's config hash or a sample set's identity hash), its own index, per-network
+  records (seeds, metrics, sample indices), the sha256 of its tensors (:func:`tensor_digest`) and the
+  sha256 of the header itself (:func:`header_digest`), all checked whenever the file is read
+  (:func:`read_chunk`), so that damaged weights, a damaged header and a chunk file moved to another
+  chunk's name are named rather than loaded;
+* ``manifest.json``: what the folder holds (``"kind"``: a zoo, the default, or ``"posterior"``), the
+  chunks written so far and whether the set is complete.
+
+Every file is written to a temporary name in the same folder and renamed (:func:`os.replace`), so a
+killed run leaves only complete files (:func:`atomic_write_bytes`; their mode follows the umask, as for
+any file the user writes); the temporary files a killed run leaves are removed by the next run
+(:func:`remove_stale`).
+
+Chunks written before headers carried their own sha256 (the same format, ``symlib-zoo/1``) still load:
+their header must hold exactly the entries those versions wrote, and the readers compare its records
+with the manifest's.
+
+:mod:`symlib.zoo` and :mod:`symlib.posteriors.io` add what their manifests record;
+:func:`symlib.load` and :func:`symlib.info` read either kind (:func:`kind_of`).
+
+The package splits the format by concept: :mod:`~symlib.store.files` (atomic writes, manifests,
+provenance, the errors), :mod:`~symlib.store.chunks` (chunk files: headers, digests, checks) and
+:mod:`~symlib.store.folders` (an output folder checked before any work); every name is re-exported here.
+"""
+
+from symlib.store.chunks import (
+    HEADER,
+    LEGACY,
+    atomic_save,
+    check_tensors,
+    chunk_name,
+    header_digest,
+    header_records,
+    read_chunk,
+    read_header,
+    sample_records,
+    tensor_digest,
+)
+from symlib.store.files import (
+    FORMAT,
+    KINDS,
+    MANIFEST,
+    DamagedError,
+    StoreError,
+    atomic_write_bytes,
+    git_commit,
+    jsonable,
+    kind_of,
+    provenance,
+    read_manifest,
+    remove_stale,
+    write_manifest,
+)
+from symlib.store.folders import check_folder, check_out, check_owners
+
+__all__ = [
+    "FORMAT",
+    "HEADER",
+    "KINDS",
+    "LEGACY",
+    "MANIFEST",
+    "DamagedError",
+    "StoreError",
+    "atomic_save",
+    "atomic_write_bytes",
+    "check_folder",
+    "check_tensors",
+    "check_owners",
+    "check_out",
+    "chunk_name",
+    "git_commit",
+    "header_digest",
+    "header_records",
+    "jsonable",
+    "kind_of",
+    "provenance",
+    "read_chunk",
+    "read_header",
+    "read_manifest",
+    "remove_stale",
+    "sample_records",
+    "tensor_digest",
+    "write_manifest",
+]

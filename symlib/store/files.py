@@ -1,0 +1,165 @@
+"""Files of a checkpoint set: atomic writes, manifests, provenance and the format's errors (book:
+"Checkpoint zoos"; the format: :mod:`symlib.store`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from symlib._version import __version__
+
+FORMAT = "symlib-zoo/1"
+MANIFEST = "manifest.json"
+KINDS = ("zoo", "posterior")
+
+__all__ = [
+    "FORMAT",
+    "KINDS",
+    "MANIFEST",
+    "DamagedError",
+    "StoreError",
+    "atomic_write_bytes",
+    "git_commit",
+    "jsonable",
+    "kind_of",
+    "provenance",
+    "read_manifest",
+    "remove_stale",
+    "write_manifest",
+]
+
+
+class StoreError(ValueError):
+    """A checkpoint folder or file that is missing, corrupt, incomplete or not what was asked for.
+
+    ``symlib.zoo.ZooError`` is this class (zoos and sample sets share the format)."""
+
+
+class DamagedError(StoreError):
+    """A file of a checkpoint set that is missing, unreadable or fails its checksum (a damaged disk, an
+    interrupted copy): writing it again from the same computation repairs it. A file that is intact but
+    belongs to another set is a plain :class:`StoreError`: it is never overwritten."""
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file in the same folder and a rename, so that
+    ``path`` is either its old content or the whole new one, whatever happens. The file gets the mode of
+    any new file (``0o666`` less the umask: ``0644`` under the usual ``022``), so that a set published
+    in a shared folder can be read by the others."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def jsonable(obj: Any) -> Any:
+    """A JSON round trip (tuples become lists), so that hashes of saved and reloaded records agree."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def write_manifest(folder: str | os.PathLike, manifest: Mapping[str, Any]) -> None:
+    """Write ``manifest.json`` into ``folder`` atomically."""
+    atomic_write_bytes(Path(folder) / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+
+def _parse_manifest(file: Path) -> dict[str, Any]:
+    try:
+        man = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DamagedError(
+            f"{file}: corrupt manifest ({e}); the chunk files beside it may still be valid: restore the "
+            f"manifest, or rerun the command that wrote this folder with the same arguments (`symlib zoo "
+            f"train ... --repair` for a zoo): it checks every chunk, keeps the valid ones and rewrites it"
+        ) from None
+    if not isinstance(man, dict):
+        raise DamagedError(f"{file}: corrupt manifest (not a JSON object); restore it or rewrite it as above")
+    return man
+
+
+def kind_of(folder: str | os.PathLike) -> str | None:
+    """``"zoo"`` or ``"posterior"`` for a folder with a readable manifest of this format, else ``None``."""
+    file = Path(folder) / MANIFEST
+    try:
+        man = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(man, dict) or man.get("format") != FORMAT:
+        return None
+    kind = man.get("kind", "zoo")
+    return kind if kind in KINDS else None
+
+
+def read_manifest(folder: str | os.PathLike, kind: str | None = None, how: str = "") -> dict[str, Any]:
+    """The manifest of a checkpoint folder, checked: present, valid JSON, this format and (if given) this
+    kind. ``how`` tells the user how to produce such a folder (added to the "no manifest" error)."""
+    file = Path(folder) / MANIFEST
+    if not file.is_file():
+        what = {"zoo": "zoo", "posterior": "posterior sample set"}.get(kind or "", "checkpoint set")
+        raise StoreError(f"{file}: no {what} manifest here" + (f"; {how}" if how else ""))
+    man = _parse_manifest(file)
+    if man.get("format") != FORMAT:
+        raise StoreError(f"{file}: format {man.get('format')!r}, expected {FORMAT!r}")
+    have = man.get("kind", "zoo")
+    if kind is not None and have != kind:
+        loaders = {"zoo": "symlib.zoo.load", "posterior": "symlib.posteriors.io.load"}
+        raise StoreError(
+            f"{file}: this folder holds a {'posterior sample set' if have == 'posterior' else have}, "
+            f"not a {'posterior sample set' if kind == 'posterior' else kind}; load it with symlib.load "
+            f"(or {loaders.get(have, 'symlib.load')})"
+        )
+    return man
+
+
+def remove_stale(folder: str | os.PathLike) -> None:
+    """Delete the temporary files a killed run left in ``folder`` (one writer per folder at a time)."""
+    folder = Path(folder)
+    for stale in [*folder.glob(".chunk-*.tmp"), *folder.glob(f".{MANIFEST}.*.tmp")]:
+        stale.unlink(missing_ok=True)
+
+
+def git_commit() -> str | None:
+    """The git commit of the symlib checkout, recorded in manifests (``None`` outside a checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def provenance() -> dict[str, str | None]:
+    """What every manifest records of the code that wrote it: the symlib version and git commit."""
+    return {"symlib_version": __version__, "git_commit": git_commit()}
