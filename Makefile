@@ -10,10 +10,10 @@ SCALE  ?= cpu
 DEVICE ?= cpu
 ALL_CHAPTERS := $(basename $(notdir $(wildcard notebooks/*.md)))
 # Longest first (measured at scale=cpu), so that parallel lanes end together; chapters not listed run last.
-LONGEST_FIRST := table1 alignment collapse own_network toy minmass permfreq architectures marginals
+LONGEST_FIRST := table1 transformers alignment collapse own_network toy minmass permfreq architectures marginals
 CHAPTERS ?= $(filter $(ALL_CHAPTERS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_CHAPTERS))
 # Chapters that load the shared caches (make zoo); table1 also loads its sample sets.
-ZOO_CHAPTERS := minmass table1 collapse alignment
+ZOO_CHAPTERS := minmass table1 collapse alignment transformers
 # Chapters run in LANES parallel lanes, JOBS at most (default: 2 on a CPU, since many cells are small
 # operations that one core runs as fast as two and kernel start-up is serial; 1 on a GPU), never more
 # lanes than chapters or cores; each lane gets NCPU / LANES intra-op threads (torch, OpenMP, BLAS), so
@@ -38,6 +38,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
 .PHONY: help env data zoo book chapters chapter static html html-both book-check test unit nbval lint bench clean lab
+.PHONY: slides assignments grade
 help:
 	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
 	@echo "make test   - environment + lint + unit/property tests + shared zoo + nbval + the strict book, both editions"
@@ -47,6 +48,9 @@ help:
 	@echo "make html [EDITION=student] - HTML only, from the committed chapters (student: no solutions)"
 	@echo "make html-both - both editions, strictly (build/_build/html, build/student/_build/html)"
 	@echo "make lab    - JupyterLab on notebooks/: the chapters open as notebooks through jupytext"
+	@echo "make slides - one reveal.js deck per chapter, from the committed chapters (build/slides)"
+	@echo "make assignments [SCALE=cpu] - nbgrader notebooks of the computational exercises (build/assignments)"
+	@echo "make grade SUBMISSIONS=dir - grade dir/<student>/<chapter>.ipynb (build/grades/grades.csv)"
 
 env: $(VENV)/.installed data
 
@@ -57,16 +61,20 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-# FashionMNIST ships in Debian's dataset-fashion-mnist (the default out-of-distribution set).
+# FashionMNIST ships in Debian's dataset-fashion-mnist (the default out-of-distribution set); Debian's
+# chromium is the browser that tests the slides (tests/test_slides.py skips that test without it).
 data:
-	@if [ -d $(FASHION_DIR) ]; then exit 0; fi
+	@if [ -d $(FASHION_DIR) ] && command -v chromium >/dev/null; then exit 0; fi
 	if [ "$$(id -u)" = 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi
 	if [ "$$SUDO" != none ] && command -v apt-get >/dev/null; then
 	  $$SUDO apt-get update -qq >/dev/null 2>&1 || true
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \
+	  [ -d $(FASHION_DIR) ] || DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \
 	    || echo "warning: could not install dataset-fashion-mnist; symlib.data will explain how to get FashionMNIST"
+	  command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 \
+	    || echo "warning: could not install chromium; the slides' browser test will be skipped"
 	else
 	  echo "warning: no root/apt: install Debian's dataset-fashion-mnist for the FashionMNIST chapters"
+	  echo "warning: no root/apt: install Debian's chromium for the slides' browser test"
 	fi
 
 # The zoo the chapters share (1,000 OptuNets: min-mass, collapse, alignment, Table 1) and Table 1's sample
@@ -201,3 +209,19 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf $(BUILD) _build .pytest_cache .hypothesis
+
+# The teaching kit (book/course/in_class.md). Slides: one reveal.js deck per chapter of _toc.yml, from its
+# committed notebook (book/_ext/course_slides.py says what goes on a slide), offline. Assignments: the
+# computational exercises as nbgrader notebooks with hidden tests, graded at SCALE; `make grade` grades
+# a folder of submissions locally (no docker), JOBS at a time, into build/grades/.
+slides: $(VENV)/.installed
+	$(PY) book/_ext/course_slides_build.py --out $(BUILD)/slides
+	echo "The decks are at file://$(CURDIR)/$(BUILD)/slides/index.html"
+
+assignments: $(VENV)/.installed
+	$(PY) book/_ext/course_assignments.py --course $(BUILD)/assignments --scale $(SCALE)
+	echo "Hand out $(BUILD)/assignments/release/<chapter>/<chapter>.ipynb"
+
+grade: $(VENV)/.installed
+	if [ -z "$(SUBMISSIONS)" ]; then echo "make grade SUBMISSIONS=<folder>: <folder>/<student>/<chapter>.ipynb" >&2; exit 2; fi
+	$(PY) book/_ext/course_grading.py "$(SUBMISSIONS)" --course $(BUILD)/assignments --out $(BUILD)/grades --jobs $(JOBS)

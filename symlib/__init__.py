@@ -19,6 +19,7 @@ Exploration of Bayesian Neural Network Posteriors* (ICLR 2024).
     moved = symlib.align(theta_a, theta_b, spec).mean           # theta_b permuted to match theta_a
     params, manifest = symlib.load("zoos/optunet")              # a zoo, a sample set, hf://owner/name
     print(symlib.compare("zoos/a", "zoos/b").format())          # the paper's MMD of two folders, per layer
+    theta = symlib.load_checkpoints("runs/*.ckpt", model=MyNet())  # your files: .pt, .ckpt, safetensors, HF
 
 Everything else is reached through its subpackage, loaded on first access (the layers, lowest first;
 nothing imports a layer above it):
@@ -32,7 +33,8 @@ nothing imports a layer above it):
 * :mod:`symlib.stats`: MMD, uncertainty metrics, pairwise mutual information, predictions, MCMC
   diagnostics;
 * :mod:`symlib.posteriors`: posterior approximations as checkpoint sets;
-* :mod:`symlib.checkpoints` (:func:`load`, :func:`info`), :mod:`symlib.comparison` (:func:`compare`),
+* :mod:`symlib.checkpoints` (:func:`load`, :func:`info`), :mod:`symlib.ckpt` (:func:`load_checkpoints`:
+  checkpoint files of one's own), :mod:`symlib.comparison` (:func:`compare`),
   :mod:`symlib.paper` (what only the book's chapters use) and :mod:`symlib.cli` (the ``symlib`` command).
 """
 
@@ -59,9 +61,10 @@ _NOUNS = {
     "load": ("symlib.checkpoints", "load"),
     "info": ("symlib.checkpoints", "info"),
     "compare": ("symlib.comparison", "compare"),
+    "load_checkpoints": ("symlib.ckpt.loader", "load_checkpoints"),
 }
 _SUBPACKAGES = (
-    "checkpoints", "cli", "comparison", "data", "kernels", "models", "paper", "params", "plotting",
+    "checkpoints", "ckpt", "cli", "comparison", "data", "kernels", "models", "paper", "params", "plotting",
     "posteriors", "progress", "scales", "stats", "store", "symmetry", "training", "zoo",
 )
 __all__ = [*_NOUNS, *_SUBPACKAGES, "__version__"]

@@ -25,9 +25,10 @@ RANK = {
     "zoo": 3, "stats": 3,
     "posteriors": 4,
     "checkpoints": 5, "paper": 5,
-    "comparison": 6,
-    "cli": 7,
-    "__main__": 8,
+    "ckpt": 6,
+    "comparison": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 
 

@@ -169,6 +169,26 @@ def strip_file(path: Path) -> bool:
     return True
 
 
+def toc_chapters(root: Path) -> list[str]:
+    """The chapters of the book at ``root``: the entries ``book/<name>`` of its ``_toc.yml`` that have a
+    source ``notebooks/<name>.md``, in the order of the table of contents."""
+    import yaml
+
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text(encoding="utf-8"))
+    out = []
+    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
+        for entry in part.get("chapters", []):
+            f = Path(entry.get("file", ""))
+            if f.parent == Path("book") and (Path(root) / "notebooks" / f"{f.name}.md").is_file():
+                out.append(f.name)
+    return out
+
+
+def executed_chapters(root: Path) -> list[str]:
+    """The chapters of :func:`toc_chapters` that have an executed notebook ``book/<name>.ipynb``."""
+    return [n for n in toc_chapters(root) if (Path(root) / "book" / f"{n}.ipynb").is_file()]
+
+
 # --------------------------------------------------------------------------------------------------
 # Launch buttons from the repository URL
 # --------------------------------------------------------------------------------------------------

@@ -30,10 +30,11 @@ CHAPTERS: dict[str, tuple[str, int, float, tuple[str, ...]]] = {
     "collapse": ("Functional\ncollapse", 3, 2.5, ("table1",)),
     "alignment": ("Aligning variational\nposteriors", 3, 3.5, ("table1",)),
     "own_network": ("symlib on your\nown network", 4, 1.75, ("minmass", "alignment")),
+    "transformers": ("Transformers: no\nscalings", 4, 3.0, ("collapse", "permfreq", "own_network")),
 }
 RC = {"svg.fonttype": "none", "svg.hashsalt": "symlib-course-map", "font.size": 10}
 # The chapters that load the cached 1,000-network OptuNet zoo (the first one to run trains it).
-ZOO_USERS = ("minmass", "table1", "collapse", "alignment")
+ZOO_USERS = ("minmass", "table1", "collapse", "alignment", "transformers")
 
 
 def draw():
