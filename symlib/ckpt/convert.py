@@ -17,7 +17,9 @@ adds:
 The folder is assembled under a temporary name beside ``out`` and renamed at the end: if any file fails
 to read or any check fails, nothing is written. :func:`import_checkpoints` reads checkpoint files
 (:func:`~symlib.ckpt.loader.read`) and writes them; :func:`canonical` writes the canonical forms
-(:func:`symlib.canonicalize`) of any set.
+(:func:`symlib.canonicalize`) of any set; :func:`networks` rebuilds the networks of an imported set, one
+``nn.Module`` per checkpoint, from its recipe (what ``symlib.load(..., as_="models")`` does for the
+architectures of :mod:`symlib.models`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.recipe import Recipe
 from symlib.params import Params
 
-__all__ = ["canonical", "check_out", "import_checkpoints", "write"]
+__all__ = ["canonical", "check_out", "import_checkpoints", "networks", "write"]
 
 _SYMLIB_ARCHS = {"OptuNet": "optunet", "ResNet18": "resnet18", "ResNet20": "resnet20"}
 CHUNK_BYTES = 64 << 20
@@ -249,3 +251,33 @@ def canonical(
               "files": got.files, "computed": _now()}
     return write(canon, out, got.recipe.with_shape(spec.input_shape), method="canonical", n_modes=n_modes,
                  n_per_mode=per, source=source)
+
+
+def networks(path: str | os.PathLike, device: str | torch.device = "cpu") -> list[torch.nn.Module]:
+    """One eval-mode ``nn.Module`` per checkpoint of a symlib folder, built by the recipe its manifest
+    records (:func:`~symlib.ckpt.recipe.from_manifest`: an imported set's architecture, your own factory
+    included) and loaded with its weights, in the set's order.
+
+    Raises:
+        CheckpointError: the folder records no architecture, or its factory cannot be imported here.
+    """
+    from symlib import checkpoints
+    from symlib.ckpt.recipe import from_manifest
+
+    params, man = checkpoints.load(path, device=device)
+    recipe = from_manifest(man, str(path))
+    if recipe is None:
+        raise CheckpointError(f"{path}: its manifest records no architecture to rebuild the networks from")
+    n = next(iter(params.values())).shape[0]
+    dtype = next(v.dtype for v in params.values() if v.is_floating_point())
+    out = []
+    for i in range(n):
+        model = recipe.build().to(device, dtype)
+        missing, unexpected = model.load_state_dict({k: v[i] for k, v in params.items()}, strict=False)
+        params_missing = [k for k in missing if k in dict(model.named_parameters())]
+        if params_missing or unexpected:
+            raise CheckpointError(f"{path}: checkpoint {i} does not fit {recipe.target} (missing "
+                                  f"{params_missing[:3]}, unexpected {unexpected[:3]}): the manifest's "
+                                  f"architecture is not the one these weights were imported with")
+        out.append(model.eval())
+    return out

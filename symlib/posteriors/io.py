@@ -381,8 +381,10 @@ def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
 
     spec = manifest.get("model") or {}
     if not spec.get("class"):
+        hint = (" it was imported from checkpoint files: symlib.ckpt.convert.networks(path) rebuilds its "
+                "networks from the architecture its manifest records" if manifest.get("architecture") else "")
         raise StoreError(
-            f"sample set of architecture {manifest.get('arch')!r}: no symlib.models class to rebuild"
+            f"sample set of architecture {manifest.get('arch')!r}: no symlib.models class to rebuild;{hint}"
         )
     out = []
     n = next(iter(params.values())).shape[0]

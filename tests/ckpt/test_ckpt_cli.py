@@ -15,6 +15,7 @@ from ckpt_nets import INPUT_SHAPE, SmallNet, trained
 
 import symlib
 from symlib import cli
+from symlib.ckpt import convert
 
 NETS = str(Path(__file__).resolve().parents[1] / "ckpt_nets.py")
 MODEL = ["--model", f"{NETS}:SmallNet", "--input-shape", "1,8,8"]
@@ -69,7 +70,19 @@ def test_import_then_every_tool(runs, tmp_path, capsys):
     rc, out, err = _run(["zoo", "export", tmp_path / "a", "--to", tmp_path / "ds", "--no-validate"], capsys)
     assert rc == 0, err
     assert _same(symlib.load(tmp_path / "ds")[0], set_a)
+    card = (tmp_path / "ds" / "README.md").read_text()
+    assert f"5 checkpoints of `{NETS}:SmallNet`" in card and "seed0.pt" in card
+    assert f"symlib import 'FILES' --to set --model {NETS}:SmallNet --input-shape 1,8,8" in card
+    assert "posterior sample" not in card
     assert _same(symlib.load_checkpoints(tmp_path / "a"), set_a)
+    with pytest.raises(symlib.store.StoreError, match=r"symlib\.ckpt\.convert\.networks"):
+        symlib.load(tmp_path / "a", as_="models")  # the user's own class: not a symlib.models one
+    nets = convert.networks(tmp_path / "a")
+    x = torch.randn(7, *INPUT_SHAPE, dtype=torch.float64)
+    for i, net in enumerate(nets):  # each network computes what its checkpoint's weights compute
+        weights = {k: v[i].double() for k, v in set_a.items()}
+        ref = torch.func.functional_call(SmallNet().double().eval(), weights, (x,))
+        assert not net.training and torch.allclose(net.double()(x), ref, rtol=1e-12, atol=1e-12)
 
 
 def test_compare_and_canonicalize_give_the_in_memory_numbers(runs, tmp_path, capsys):

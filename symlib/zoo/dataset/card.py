@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from pathlib import Path
 from typing import Any
 
 from symlib.store import MANIFEST
@@ -123,6 +124,30 @@ def card(man: dict[str, Any], rows: list[dict[str, Any]], files: list[str], name
             f"symlib zoo train --preset {man['preset']} --scale {man['scale']}"
             + (f" --seed {cfg['seed']}" if cfg["seed"] else "") + " --out zoo",
             f"symlib zoo export zoo --to {name}",
+            "```",
+        ]
+        tasks = ["image-classification"]
+    elif man.get("architecture"):  # checkpoint files imported with `symlib import` (symlib.ckpt.convert)
+        rec, src = man["architecture"], man.get("source") or {}
+        arch, dataset = man.get("arch"), "checkpoints"
+        files = src.get("files") or []
+        what = (f"{n} checkpoints of `{rec.get('target')}` ({rec.get('builder')}), imported from "
+                f"{len(files)} checkpoint file(s)")
+        model = f"--model {rec.get('target')}" if rec.get("builder") == "factory" else ""
+        if rec.get("args"):
+            model += f" --model-args '{json.dumps(rec['args'], sort_keys=True)}'"
+        if rec.get("input_shape"):
+            model += f" --input-shape {','.join(str(d) for d in rec['input_shape'])}"
+        trained = [
+            "Imported from these files (sha256 of each in the manifest's `source`): "
+            + ", ".join(f"`{Path(f.get('path', '')).name}`" for f in files[:10])
+            + (f" and {len(files) - 10} more" if len(files) > 10 else "") + ".",
+            "",
+            "Rebuild it from the same files:",
+            "",
+            "```bash",
+            f"symlib import 'FILES' --to set {model}".rstrip(),
+            f"symlib zoo export set --to {name}",
             "```",
         ]
         tasks = ["image-classification"]
