@@ -177,7 +177,7 @@ def test_cli_posterior_sample_and_info(tmp_path, monkeypatch, capsys):
     assert store.FORMAT == zoo.FORMAT
 
 
-# ----------------------------------------------------------------------------- bad input (issue 16)
+# ----------------------------------------------------------------------------- bad input
 def _no_work(monkeypatch):
     """Training base models or drawing samples fails the test: refusals must come before any work."""
     from symlib.posteriors import swag
@@ -193,7 +193,7 @@ def _no_work(monkeypatch):
 @pytest.mark.parametrize("case", ["file", "under-file", "read-only", "zoo", "other-set", "foreign-chunks"])
 def test_bad_out_folders_are_refused_before_any_sampling(case, tmp_path, tiny, monkeypatch):
     """sampling.run checks --out before training base models or sampling (a full try once wasted 56 s
-    before `io.save` refused the folder); nothing on disk is lost or changed (issue 16, item 5)."""
+    before `io.save` refused the folder); nothing on disk is lost or changed."""
     import scenarios
 
     out, msg = tmp_path / "out", None
@@ -233,7 +233,7 @@ def _one_model_zoo():
 
 def test_cli_refuses_bad_hyper_and_bad_out_first(tmp_path, monkeypatch, capsys):
     """`--hyper bogus=1` fails before any data is loaded or model trained, listing the valid names; a bad
-    --out likewise (issue 16, items 5 and 8)."""
+    --out likewise."""
     _no_work(monkeypatch)
     monkeypatch.setattr(sampling, "setup_for", lambda *a, **k: pytest.fail("loaded the training problem"))
     argv = ["posterior", "sample", "--method", "swag", "--preset", "mnist-optunet", "--scale", "tiny"]
@@ -256,7 +256,7 @@ def test_nan_samples_leave_no_folder(tmp_path):
 
 def test_corrupt_manifest_is_rebuilt_from_the_valid_chunks(tmp_path, monkeypatch):
     """A damaged manifest beside valid chunks: a rerun keeps the chunks (none rewritten) and rewrites the
-    manifest, instead of "choose another --out" (issue 16, item 9)."""
+    manifest, instead of "choose another --out"."""
     a = _set()
     io.save(a, tmp_path)
     (tmp_path / "manifest.json").write_text('{"format": "symlib-zoo/1", "kind": "post')
@@ -283,7 +283,7 @@ def test_a_rerun_of_a_complete_set_removes_stale_temporaries(tmp_path, tiny, mon
 @pytest.mark.parametrize("edit", ["num_classes", "arch", "arch-and-model"])
 def test_an_edited_architecture_fails_info_check(edit, tmp_path, tiny, capsys):
     """A manifest whose architecture was changed used to pass `posterior info --check` and then fail in
-    load_state_dict; the check names the mismatch and the fix (issue 16, item 7)."""
+    load_state_dict; the check names the mismatch and the fix."""
     io.save(_set(), tmp_path, setup=tiny)
     man = json.loads((tmp_path / "manifest.json").read_text())
     if edit == "num_classes":

@@ -394,7 +394,7 @@ def test_sweeps_only_path_reaches_the_same_optimum(arch):
 
 
 def test_accelerated_sweeps_on_a_deep_residual_network():
-    """Plain sweeps converge slowly on deep residual networks (the issue's ResNet-50: 1,415 sweeps); the
+    """Plain sweeps converge slowly on deep residual networks (torchvision's ResNet-50: 1,415 sweeps); the
     coarse corrections and Anderson acceleration reach the same optimum (Newton's, cvxpy's) in a
     fraction of the iterations. ResNet-20, BatchNorm folded, at a random point of its scaling orbit."""
     torch.manual_seed(0)

@@ -263,7 +263,7 @@ BAD_OUTS = ["file", "under-file", "read-only", "posterior", "other-zoo", "foreig
 def test_bad_out_folders_are_refused_before_training(case, full, tmp_path, monkeypatch):
     """A file, a path under a file, a read-only folder, a sample set, another zoo, chunks of another zoo
     behind a damaged manifest: refused before any training or data loading, naming the fix, and nothing
-    on disk is lost or changed (issue 16, items 4 and 5)."""
+    on disk is lost or changed."""
     out, msg = _bad_out(case, full, tmp_path)
     before = scenarios.snapshot(tmp_path)
     _no_training(monkeypatch)
@@ -313,7 +313,7 @@ def _corrupt_one_byte(file):
 
 def test_repair_retrains_exactly_the_damaged_chunk(full, tmp_path, monkeypatch, capsys):
     """A corrupt byte in one chunk: every message names `symlib zoo repair DIR`; running it retrains that
-    chunk only, and the zoo loads bit-identical to before the damage (issue 16, item 6)."""
+    chunk only, and the zoo loads bit-identical to before the damage."""
     from symlib import cli
 
     z = tmp_path / "z"
