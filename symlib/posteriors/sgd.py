@@ -15,7 +15,7 @@ import torch
 
 from symlib import training as _train
 from symlib.params import Params, stack, state_of
-from symlib.posteriors.base import Setup
+from symlib.posteriors.base import Setup, reference_state
 from symlib.posteriors.modules import init_stacked, last_dropout, new_module
 from symlib.posteriors.seeds import generator
 from symlib.progress import bar
@@ -41,9 +41,10 @@ def train_models(
 ) -> Params:
     """Train one network per seed with the setup's recipe; return their stacked state dicts.
 
-    Stacked architectures (:data:`symlib.training.optunet.STACKED_GRADS`): all models at once
-    (:class:`symlib.training.loop.StackedSGD`); with ``dropout = p > 0`` each model and image draws its own
-    mask on the 10 features before the last layer (entries 0 or ``1 / (1 - p)``) from ``mask_seed``.
+    Stacked architectures (:data:`symlib.training.optunet.STACKED_GRADS`): all models at once, by the zoo
+    trainer (:func:`symlib.training.stacked.train_stacked`) without dropout, by
+    :class:`symlib.training.loop.StackedSGD` with ``dropout = p > 0``, where each model and image draws its
+    own mask on the features before the last layer (entries 0 or ``1 / (1 - p)``) from ``mask_seed``.
     Other architectures: one ``nn.Module`` after another with ``torch.optim.SGD`` on the same batches
     (the module's ``dropout`` layer set to ``p``, its masks from the global RNG seeded with ``mask_seed``).
 
@@ -52,13 +53,32 @@ def train_models(
     """
     rec = recipe or setup.recipe
     steps = rec.epochs * -(-setup.n_train // rec.batch_size)
+    if setup.arch in _train.STACKED_GRADS and not dropout:
+        # the zoo trainer: the crops fused into the compiled step, groups of models unsynchronised on
+        # their threads; the same weights as the loop below, bit for bit (tested), several times faster
+        n_epochs = rec.epochs
+        with bar(n_epochs, f"{desc} ({len(seeds)} stacked)", enabled=progress, unit="epoch") as pb:
+            theta = _train.train_stacked(init_stacked(setup, seeds), seeds, setup.x, setup.y, rec,
+                                         fill=setup.fill[0], arch=setup.arch,
+                                         on_epoch=lambda _epoch: pb.update(1))
+        finite = torch.stack([torch.isfinite(v.reshape(len(seeds), -1)).all(1) for v in theta.values()])
+        finite = finite.all(0)
+        if not bool(finite.all()):  # find the step it diverged at, for the error: the loop, on those seeds
+            bad = [s for s, ok in zip(seeds, finite.tolist(), strict=True) if not ok]
+            rule = loop.StackedSGD(rec, setup.arch)
+            loop.run(rule, rule.init(init_stacked(setup, bad)), bad, setup.x, setup.y, rec,
+                     fill=setup.fill[0], what=desc)
+            raise FloatingPointError(f"{desc}: the weights of the model(s) with seed(s) {bad} are not "
+                                     f"finite; the run diverged (lower the learning rate or check the data)")
+        return theta
     if setup.arch in _train.STACKED_GRADS:
         gen = generator(mask_seed, setup.device)
+        width = reference_state(setup)["fc.weight"][1]  # the features before the last layer
 
         def mask(b: _train.Batch) -> torch.Tensor | None:
             if not dropout:
                 return None
-            return _dropout_mask(gen, (len(seeds), 10, b.x.shape[1]), dropout, setup.device, b.x.dtype)
+            return _dropout_mask(gen, (len(seeds), width, b.x.shape[1]), dropout, setup.device, b.x.dtype)
 
         rule = loop.StackedSGD(rec, setup.arch, mask=mask)
         with bar(steps, f"{desc} ({len(seeds)} stacked)", enabled=progress, unit="step") as pb:

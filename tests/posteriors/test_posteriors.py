@@ -230,6 +230,25 @@ def test_ensemble_members_are_independent_base_seeds():
     assert all(torch.allclose(s.params[k][1], ref[k][0], atol=1e-6) for k in ref)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stacked_training_is_the_update_rule_loop_bit_for_bit(workers):
+    """train_models trains stacked OptuNets with the zoo trainer (crops fused into the compiled step, groups
+    of models on their own threads); the weights are those of the update-rule loop that the methods with
+    dropout or a per-step rule use, exactly, with momentum and a schedule."""
+    st = _optunet_setup(n=96, epochs=3, momentum=0.9)
+    member_seeds = seeds.base_seeds(5, 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(workers)
+    try:
+        fast = sgd.train_models(st, member_seeds, progress=False)
+    finally:
+        torch.set_num_threads(before)
+    rule = T.loop.StackedSGD(st.recipe, st.arch)
+    state = rule.init(sgd.init_stacked(st, member_seeds))
+    (ref, _), = [T.loop.run(rule, state, member_seeds, st.x, st.y, st.recipe, fill=st.fill[0])]
+    assert all(torch.equal(fast[k], ref[k]) for k in ref)
+
+
 def test_resnet18_paths_on_synthetic_data():
     """Every method runs the generic nn.Module path on ResNet-18 (width 4, CIFAR-100 shapes, 1-2 steps)."""
     st = _resnet_setup()
