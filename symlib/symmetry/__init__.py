@@ -2,13 +2,14 @@
 "Symmetries of real architectures", "Min-mass", "Aligning variational posteriors"; paper §3, App. C).
 
 * :mod:`~symlib.symmetry.spec`: a network's symmetries as data (:class:`~symlib.symmetry.spec.Spec`);
-* :mod:`~symlib.symmetry.trace`: specs of convolutional networks by tracing (``spec_of``);
+* :mod:`~symlib.symmetry.trace`: specs of convolutional networks and transformers by tracing (``spec_of``);
 * :mod:`~symlib.symmetry.ops`: the group action (``act``, ``random_element``, compose, inverse);
 * :mod:`~symlib.symmetry.check`: does a transformed network compute the same function?
 * :mod:`~symlib.symmetry.counting`: how many symmetries (paper App. D.4);
 * :mod:`~symlib.symmetry.canonical`: canonical forms (normalise, sort, ``canonicalize``);
 * :mod:`~symlib.symmetry.minmass`: the lightest network of a scaling orbit (paper §3.6);
-* :mod:`~symlib.symmetry.align`: aligning two networks or posteriors by permutations.
+* :mod:`~symlib.symmetry.align`: aligning two networks or posteriors by permutations;
+* :mod:`~symlib.symmetry.continuous`: the continuous symmetries of attention (``GL`` per head).
 
 Depends on nothing in symlib but :mod:`symlib.params` (and :mod:`symlib.models` for the paper's
 architectures). Submodules load on first access.
@@ -16,5 +17,5 @@ architectures). Submodules load on first access.
 
 from symlib._lazy import submodules
 
-__all__ = ["align", "canonical", "check", "counting", "minmass", "ops", "spec", "trace"]
+__all__ = ["align", "canonical", "check", "continuous", "counting", "minmass", "ops", "spec", "trace"]
 __getattr__, __dir__ = submodules(__name__, __all__)

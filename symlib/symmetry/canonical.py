@@ -17,6 +17,8 @@ r"""Removing symmetries a posteriori (book: chapter "A gentle example"; paper Ap
   closer than that: their order, hence the canonical form of the tensors that
   label acts on, may differ between ``theta`` and ``g . theta``.
 * :func:`fix_softmax_shift` removes the softmax additive symmetry.
+* :class:`AmbiguousCanonicalForm`: the warning :func:`canonicalize` gives when some label's margin is
+  below the input dtype's resolution.
 
 Real architectures (specs from :func:`symlib.symmetry.trace.spec_of`, paper App. D.4):
 
@@ -38,6 +40,8 @@ computes the same function afterwards (:func:`symlib.symmetry.check.assert_same_
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from symlib.symmetry import check as _check
@@ -54,6 +58,22 @@ def _per_neuron(theta: Params, spec: Spec, a: Action, nb: int) -> torch.Tensor:
     t = t.narrow(nb + a.axis, start, stop - start).movedim(nb + a.axis, nb)
     n = (stop - start) // a.inner
     return t.reshape(*t.shape[:nb], n, -1)
+
+
+def _reduce(theta: Params, spec: Spec, a: Action, nb: int, how: str) -> torch.Tensor:
+    """``how`` (``"max"`` or ``"sum"``) of each row of :func:`_per_neuron`, ``(*batch, n)`` float64, without
+    copying the parameter (sums accumulate in float64; a maximum is exact in any dtype)."""
+    t = ops.dense_weight(theta, spec, a.param) if a.groups != 1 else theta[a.param]
+    start, stop = spec.span(a)
+    d = nb + a.axis
+    t = t.narrow(d, start, stop - start)
+    other = [i for i in range(nb, t.ndim) if i != d]
+    if how == "max":
+        r = (t.amax(dim=other) if other else t).to(torch.float64)
+    else:
+        r = t.sum(dim=other, dtype=torch.float64) if other else t.to(torch.float64)
+    r = r.reshape(*r.shape[:nb], (stop - start) // a.inner, a.inner)
+    return r.amax(-1) if how == "max" else r.sum(-1)
 
 
 def _float64(theta: Params) -> Params:
@@ -197,17 +217,16 @@ def _keys(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> 
     if key not in KEYS:
         raise ValueError(f"key must be one of {KEYS}, got {key!r}")
 
-    def rows(a):
-        return _per_neuron(theta, spec, a, nb).to(torch.float64)
-
-    w = rows(acts[0])
-    keys = [w.amax(-1) if key == "max" else w[..., 0] if key == "first" else w.sum(-1)]
+    if key == "first":
+        keys = [_per_neuron(theta, spec, acts[0], nb)[..., 0].to(torch.float64)]
+    else:
+        keys = [_reduce(theta, spec, acts[0], nb, key)]
     biases = [a for a in spec.actions if a.perm == label and a.power > 0 and a.param not in spec.weights
               and len(spec.shapes[a.param]) == 1]
-    keys += [rows(a).sum(-1) for a in biases]
+    keys += [_reduce(theta, spec, a, nb, "sum") for a in biases]
     for side in (spec.incoming(label, "perm"), spec.outgoing(label, "perm")):
         if side:
-            keys.append(sum(rows(a).sum(-1) for a in side))
+            keys.append(sum(_reduce(theta, spec, a, nb, "sum") for a in side))
     return keys
 
 
@@ -275,6 +294,8 @@ def _sort_perms(theta, spec: Spec, key: str, by: str, margins: dict | None = Non
     group_margin: dict[str, torch.Tensor] = {}  # tie -> the margin of the order its decider gave the groups
     for label in perm_order(spec, by, key):
         raw = _keys(cur, spec, label, key, by, nb)
+        if key != "first" and label in perms:  # moved with its tie's blocks: its keys move along
+            raw = [torch.gather(k, -1, perms[label]) for k in raw]
         ranks = _lexicographic([_quantize(k) for k in raw]).argsort(dim=-1).to(torch.float64)
         groups = spec.blocks[label][0] if label in spec.blocks else 1
         if label not in spec.blocks:
@@ -290,9 +311,7 @@ def _sort_perms(theta, spec: Spec, key: str, by: str, margins: dict | None = Non
             elif tie in group_margin:  # another label of the tie ordered this label's blocks
                 margins[label] = torch.minimum(margins[label], group_margin[tie])
         step.pop("blocks", None)
-        # A "max" or "sum" key does not depend on how the other axes are ordered: only the block moves
-        # of the labels still to sort (grouped ties) change their keys; "first" needs every step.
-        if key == "first" or len(step) > 1:
+        if key == "first":  # ("max" and "sum" keys ignore the other axes' order; block moves are above)
             cur = ops.permute(cur, spec, step)
         for k, p in step.items():
             perms[k] = torch.gather(perms[k], -1, p) if k in perms else p
@@ -357,7 +376,8 @@ def sort(theta: Params, spec: Spec, key: str = "max", by: str = "incoming", chec
 
 
 def _scaled64(theta: Params, spec: Spec, p: float, scaling: str | None) -> Params:
-    """The first step of :func:`canonicalize`, every floating tensor in float64."""
+    """The first step of :func:`canonicalize`: every floating tensor in float64, rescaled (``scaling=None``:
+    the input's own tensors, since permutations are exact in any dtype)."""
     if scaling == "normalize":
         return _normalize64(theta, spec, p)
     if scaling == "minmass":
@@ -366,7 +386,34 @@ def _scaled64(theta: Params, spec: Spec, p: float, scaling: str | None) -> Param
         return _minmass.minmass(_float64(theta), spec, check=False).theta
     if scaling is not None:
         raise ValueError(f"scaling must be 'normalize', 'minmass' or None, got {scaling!r}")
-    return _float64(theta)
+    return dict(theta)  # permutations are exact in any dtype; keys are computed in float64
+
+
+class AmbiguousCanonicalForm(UserWarning):
+    """:func:`canonicalize` met labels whose neurons' sort keys are closer than the input dtype's resolution:
+    their order, hence the canonical form of every tensor they act on, may differ between ``theta`` and
+    ``act(g, theta)``. A ``UserWarning``: the form is still a valid member of the orbit."""
+
+
+def _warn_ambiguous(margins: dict[str, torch.Tensor], theta: Params, key: str) -> None:
+    """One :class:`AmbiguousCanonicalForm` naming the labels whose smallest margin (over the batch) is below
+    the resolution of the coarsest floating dtype of ``theta``: its unit roundoff ``finfo.eps / 2``, the
+    relative accuracy to which the input's weights are known."""
+    floats = [v.dtype for v in theta.values() if v.is_floating_point()] or [torch.float64]
+    dtype = max(floats, key=lambda d: torch.finfo(d).eps)
+    res = torch.finfo(dtype).eps / 2
+    low = {label: float(m.min()) for label, m in margins.items() if m.numel() and float(m.min()) < res}
+    if low:
+        names = list(low)
+        shown = ", ".join(map(repr, names[:8])) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        warnings.warn(
+            f"canonicalize: {len(names)} label(s) ({shown}) have neurons whose sort keys (key={key!r}) "
+            f"differ by less than the resolution of {str(dtype)[6:]} ({res:.1e}; smallest relative margin "
+            f"{min(low.values()):.1e}), so act(g, theta) may get another canonical form on the tensors they "
+            f"act on. Fix: pass theta in float64 (params.cast(theta, torch.float64)), or use another key "
+            f"(key={'sum' if key != 'sum' else 'max'!r}); canonical.margins(theta, spec) gives the margins.",
+            AmbiguousCanonicalForm, stacklevel=3,
+        )
 
 
 def canonicalize(
@@ -378,16 +425,22 @@ def canonicalize(
     scaling: str | None = "normalize",
     check: bool = True,
 ) -> Params:
-    """The canonical (identifiable) form: remove scalings, then permutations (paper Prop. 1).
+    r"""The canonical (identifiable) form: remove scalings, then permutations (paper Prop. 1); warns
+    (:class:`AmbiguousCanonicalForm`, once per call, naming the labels) when the form may not be canonical
+    because some label's keys tie within the input dtype's resolution.
 
     ``canonicalize(act(g, theta)) == canonicalize(theta)`` for every group
     element ``g`` unless two neurons of a layer tie on every sort key (primary
     key, bias, incoming and outgoing sums), as exact duplicates do. Norms,
     scalings and keys are computed in float64 from the input (the result is cast
-    back to its dtype once). In float32 the input itself is only known to a
-    relative 6e-8: where two neurons' keys are closer than that, no procedure can
-    tell which comes first, and ``g . theta`` may sort them differently from
-    ``theta``. :func:`margins` reports, per label, how close the nearest two are.
+    back to its dtype once). But the input itself is only known to its dtype's
+    resolution (its unit roundoff: :math:`2^{-24} \approx 6 \times 10^{-8}` in float32,
+    :math:`2^{-53} \approx 1.1 \times 10^{-16}` in float64): where two neurons' keys
+    are closer than that, no procedure can tell which comes first, and ``g . theta``
+    may sort them differently from ``theta``. The warning fires whenever a label's
+    margin (:func:`margins`: the smallest relative gap between neighbouring keys) is
+    below that resolution; its two fixes are float64 input, or another key (e.g.
+    ``key="sum"``, whose sums of many weights average rounding out).
 
     Args:
         key: ``"max"``, ``"first"`` or ``"sum"`` (:func:`sort`).
@@ -397,7 +450,10 @@ def canonicalize(
             scales (e.g. for tanh networks, which only have permutations).
     """
     work = _scaled64(theta, spec, p, scaling)
-    out = _like(ops.permute(work, spec, sort_perms(work, spec, key=key, by=by)), theta)
+    gaps: dict[str, torch.Tensor] = {}
+    perms = _sort_perms(work, spec, key, by, margins=gaps)
+    _warn_ambiguous(gaps, theta, key)
+    out = _like(ops.permute(work, spec, perms), theta)
     return _finish(spec, theta, out, check, "canonicalize")
 
 

@@ -9,6 +9,7 @@ evaluates two parameter sets on the same random inputs and raises
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -58,13 +59,17 @@ def outputs(spec: Spec, theta: Params, x: torch.Tensor) -> torch.Tensor:
     if not batch:
         return spec.forward(theta, x)
     flat = {k: theta[k].reshape(-1, *spec.shapes[k]) for k in spec.shapes}
-    out = torch.func.vmap(spec.forward, in_dims=(0, None))(flat, x)
+    with warnings.catch_warnings():  # nn.MultiheadAttention's fused kernel runs unbatched under vmap
+        warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
+        out = torch.func.vmap(spec.forward, in_dims=(0, None))(flat, x)
     return out.reshape(*batch, *out.shape[1:])
 
 
 def random_inputs(spec: Spec, n: int = 32, dtype=torch.float64, device=None, seed: int = 0
                   ) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
+    if spec.vocab is not None:  # token ids
+        return torch.randint(0, spec.vocab, (n, *spec.input_shape), generator=g).to(device)
     return torch.randn(n, *spec.input_shape, generator=g, dtype=dtype).to(device)
 
 

@@ -16,6 +16,14 @@ freedom (sDoF): one positive factor per channel (D.4.1: per output channel of a
 convolution; D.4.3: a BatchNorm absorbs the scale before it and adds its own).
 The group of the network is the product over labels, so its order is the
 product of the per-label counts; :func:`table` lists them per layer.
+
+Attention (book: chapter "Transformers: permutations without scalings") adds a
+continuous group (``Spec.continuous``, :mod:`symlib.symmetry.continuous`): per head,
+:math:`GL(d_k)` on queries and keys and :math:`GL(d_v)` on values, :math:`d_k^2 + d_v^2`
+dimensions, plus the redundant key and value biases. They are counted apart, as
+``continuous`` dimensions: the in-head permutations counted in the finite group are
+a subgroup of them, and so are per-feature scalings of the attention's features,
+which therefore are not scaling labels.
 """
 
 from __future__ import annotations
@@ -31,15 +39,18 @@ def _log10_factorial(n: int) -> float:
     return math.lgamma(n + 1) / math.log(10)
 
 
-def _layers(spec: Spec, label: str) -> list[str]:
-    """Layers whose outputs carry permutation ``label`` (rows of their weights)."""
+def _weights(spec: Spec, label: str) -> list[str]:
+    """Weights whose rows (outputs) carry permutation ``label``."""
     out = []
     for a in spec.actions:
-        if a.perm == label and a.axis == 0 and a.power > 0 and a.param in spec.weights:
-            layer = a.param.rsplit(".", 1)[0]
-            if layer not in out:
-                out.append(layer)
+        if a.perm == label and a.axis == 0 and a.power > 0 and a.param in spec.weights and a.param not in out:
+            out.append(a.param)
     return out
+
+
+def _layers(spec: Spec, label: str) -> list[str]:
+    """Layers whose outputs carry permutation ``label`` (rows of their weights)."""
+    return list(dict.fromkeys(p.rsplit(".", 1)[0] for p in _weights(spec, label)))
 
 
 def count(spec: Spec) -> list[dict]:
@@ -54,9 +65,13 @@ def count(spec: Spec) -> list[dict]:
         ``permutations`` (exact integer: within-group orders times group
         swaps), ``log10_permutations``, ``untied_log10`` (log10 of the count
         if every linear or convolutional layer of ``layers`` had its own free
-        permutation, i.e. without residual ties and groups) and ``scaling_dof`` (entries of the
-        scaling labels reordered by this label).
+        permutation, i.e. without residual ties and groups), ``scaling_dof`` (entries of the
+        scaling labels reordered by this label) and ``continuous`` (dimensions of the label's
+        continuous group, :func:`symlib.symmetry.continuous.dims`; 0 for most labels).
     """
+    from symlib.symmetry import continuous as _continuous
+
+    cont = _continuous.dims(spec)
     scale_dof: dict[str | None, int] = {}
     for s, n in spec.scales.items():
         perm = {a.perm for a in spec.actions if a.scale == s}
@@ -79,31 +94,36 @@ def count(spec: Spec) -> list[dict]:
             "groups": groups,
             "permutations": within * swaps,
             "log10_permutations": groups * _log10_factorial(n // groups) + math.log10(swaps),
-            "untied_log10": sum(len(spec.shapes[f"{x}.weight"]) >= 2 for x in layers) * _log10_factorial(n),
+            "untied_log10": sum(len(spec.shapes[w]) >= 2 for w in _weights(spec, label))
+            * _log10_factorial(n),
             "scaling_dof": scale_dof.get(label, 0),
+            "continuous": cont.get(label, 0),
         })
     if scale_dof.get(None):
         rows.append({
             "label": None, "layers": [], "channels": 0, "groups": 1, "permutations": 1,
-            "log10_permutations": 0.0, "untied_log10": 0.0, "scaling_dof": scale_dof[None],
+            "log10_permutations": 0.0, "untied_log10": 0.0, "scaling_dof": scale_dof[None], "continuous": 0,
         })
     return rows
 
 
 def totals(spec: Spec) -> dict:
     """Whole-network counts: ``permutations`` (exact), ``log10_permutations``, ``scaling_dof``,
-    ``parameters`` (entries of the weights and biases acted on or not, buffers excluded)."""
+    ``continuous`` (dimensions of attention's continuous groups), ``parameters`` (entries of the
+    weights and biases acted on or not, buffers excluded, a tied parameter once: ``spec.aliases``)."""
     rows = count(spec)
     perms = math.prod(r["permutations"] for r in rows)
     params = sum(
         math.prod(shape) for name, shape in spec.shapes.items()
         if not name.endswith(("running_mean", "running_var", "num_batches_tracked"))
+        and name not in spec.aliases
     )
     return {
         "permutations": perms,
         "log10_permutations": sum(r["log10_permutations"] for r in rows),
         "untied_log10": sum(r["untied_log10"] for r in rows),
         "scaling_dof": sum(r["scaling_dof"] for r in rows),
+        "continuous": sum(r["continuous"] for r in rows),
         "parameters": params,
     }
 
@@ -139,6 +159,7 @@ def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
                 "permutations": r["permutations"] if r["permutations"] < exact_below else None,
                 "log10_permutations": round(r["log10_permutations"], 2),
                 "scaling_dof": r["scaling_dof"],
+                "continuous": r["continuous"],
             }
             for r in rows
         ]
@@ -146,8 +167,11 @@ def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
             "label": "total", "layers": "", "channels": sum(r["channels"] for r in rows), "groups": None,
             "permutations": tot["permutations"] if tot["permutations"] < exact_below else None,
             "log10_permutations": round(tot["log10_permutations"], 2), "scaling_dof": tot["scaling_dof"],
+            "continuous": tot["continuous"],
         }]
     )
+    if not tot["continuous"]:  # a network without attention: no column of zeros
+        frame = frame.drop(columns="continuous")
     frame["groups"] = frame["groups"].astype("Int64")
     # exact integers (no float rounding) where shown, <NA> where only the log10 is
     frame["permutations"] = frame["permutations"].astype("Int64")
@@ -168,7 +192,8 @@ def paper_models() -> dict[str, tuple[torch.nn.Module, tuple[int, ...]]]:
 
 def summary(named=None):
     """One row per model: parameters, log10 of the permutation group's order (with and without the
-    residual ties and groups), scaling degrees of freedom. A ``pandas.DataFrame`` for the book.
+    residual ties and groups), scaling degrees of freedom (and the continuous dimensions of attention,
+    when some model has attention). A ``pandas.DataFrame`` for the book.
 
     Args:
         named: ``name -> (model, input_shape)``; default :func:`paper_models`.
@@ -186,5 +211,7 @@ def summary(named=None):
             "log10_permutations": round(tot["log10_permutations"], 1),
             "log10_permutations_untied": round(tot["untied_log10"], 1),
             "scaling_dof": tot["scaling_dof"],
+            "continuous": tot["continuous"],
         })
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    return frame if frame["continuous"].any() else frame.drop(columns="continuous")

@@ -140,8 +140,12 @@ def scale(theta: Params, spec: Spec, scales: dict[str, torch.Tensor]) -> Params:
     along each action's axis (``offset`` is 0 except for BatchNorm running variances)."""
     _check_element(Element(scales=scales), spec)
     out = dict(theta)
+    merged: dict[tuple[str, int], list] = {}  # plain multiplications, one factor vector per axis
     for a in spec.actions:
         if a.scale is None or a.scale not in scales or a.power == 0:
+            continue
+        if a.groups == 1 and not a.offset:
+            merged.setdefault((a.param, a.axis), []).append(a)
             continue
         t = out[a.param]
         lam = scales[a.scale].to(t.dtype)
@@ -154,6 +158,15 @@ def scale(theta: Params, spec: Spec, scales: dict[str, torch.Tensor]) -> Params:
             return (x + offset) * factor - offset if offset else x * factor
 
         out[a.param] = apply(t) if a.groups != 1 else _on_slice(t, a, spec, apply)
+    for (param, axis), acts in merged.items():
+        t = out[param]
+        nb = t.ndim - len(spec.shapes[param])
+        factor = torch.ones(*t.shape[:nb], t.shape[nb + axis], dtype=t.dtype, device=t.device)
+        for a in acts:
+            start, stop = spec.span(a)
+            factor[..., start:stop] = factor[..., start:stop] * _entries(
+                scales[a.scale].to(device=t.device, dtype=t.dtype), a) ** a.power
+        out[param] = t * _along(factor, axis, len(spec.shapes[param]), t)
     return out
 
 
@@ -166,28 +179,38 @@ def permute(theta: Params, spec: Spec, perms: dict[str, torch.Tensor]) -> Params
     _check_element(Element(perms=perms), spec)
     out = dict(theta)
     grouped = []
+    merged: dict[tuple[str, int], list] = {}  # one element for every network: one index per axis
     for a in spec.actions:
         if a.perm is None or a.perm not in perms:
             continue
         if a.groups != 1:
             grouped.append(a)
             continue
+        if perms[a.perm].ndim == 1:
+            merged.setdefault((a.param, a.axis), []).append(a)
+            continue
         t = out[a.param]
         nb = t.ndim - len(spec.shapes[a.param])
         p = perms[a.perm]
         if a.inner != 1:  # label entry i moves the block of entries i*inner ... (i+1)*inner - 1
             p = (p[..., :, None] * a.inner + torch.arange(a.inner, device=p.device)).flatten(-2)
-        if p.ndim == 1:  # one element for every network: a plain index_select (much faster than gather)
+        idx = _along(p, a.axis, len(spec.shapes[a.param]), t)
 
-            def gather(x, p=p, d=nb + a.axis):
-                return x.index_select(d, p.to(x.device))
-        else:
-            idx = _along(p, a.axis, len(spec.shapes[a.param]), t)
-
-            def gather(x, idx=idx, d=nb + a.axis):
-                return torch.gather(x, d, idx.expand(x.shape))
+        def gather(x, idx=idx, d=nb + a.axis):
+            return torch.gather(x, d, idx.to(x.device).expand(x.shape))
 
         out[a.param] = _on_slice(t, a, spec, gather)
+    for (param, axis), acts in merged.items():
+        t = out[param]
+        d = t.ndim - len(spec.shapes[param]) + axis
+        idx = torch.arange(t.shape[d], device=t.device)
+        for a in acts:
+            p = perms[a.perm].to(t.device)
+            if a.inner != 1:  # label entry i moves the block of entries i*inner ... (i+1)*inner - 1
+                p = (p[:, None] * a.inner + torch.arange(a.inner, device=t.device)).flatten()
+            start, stop = spec.span(a)
+            idx[start:stop] = p + start
+        out[param] = t.index_select(d, idx)  # a plain index_select (much faster than gather)
     for a in grouped:
         t = out[a.param]
         nb = t.ndim - len(spec.shapes[a.param])

@@ -95,7 +95,7 @@ class Action:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """The symmetries of one architecture.
+    r"""The symmetries of one architecture.
 
     Attributes:
         shapes: shape of every parameter (buffers included) of one network.
@@ -125,7 +125,24 @@ class Spec:
             with the same ``tie`` uses the same block permutation ``sigma``.
             ``tie`` is ``None`` when ``sigma`` must be the identity (the
             blocks reach the network's output). Grouped convolutions create
-            such labels (paper App. D.4.2).
+            such labels (paper App. D.4.2), and so do attention heads: the
+            query-key and value labels of one attention share a tie.
+        continuous: permutation labels that also carry a continuous group
+            (attention's features), ``label -> (kind, extra)``: each block of
+            ``k = n / G`` entries (one head) carries :math:`GL(k)`, acting as
+            :math:`A` on the label's power +1 side and :math:`A^{-\top}` on its
+            power -1 side; ``kind`` is ``"qk"`` (queries on the +1 side, keys
+            on the -1 side) or ``"vo"`` (values, and the inputs of the output
+            projection), and ``extra`` more dimensions come from redundant
+            biases (a key bias; a value bias, absorbed by the output bias).
+            :mod:`symlib.symmetry.continuous` applies and counts them; canonical
+            forms, min-mass and alignment leave them alone.
+        vocab: the vocabulary size when the network reads token ids (integers
+            in ``[0, vocab)``, e.g. a language model), else ``None``.
+        aliases: the other names of a tied parameter, ``alias -> name`` (a
+            state dict lists a language model's embedding and classifier under
+            both names; the actions on both keep them equal); the alias is
+            one tensor of the network, not two (:func:`symlib.symmetry.counting.totals`).
     """
 
     shapes: Mapping[str, tuple[int, ...]]
@@ -140,6 +157,9 @@ class Spec:
     )
     input_shape: tuple[int, ...] | None = None
     blocks: Mapping[str, tuple[int, str | None]] = dataclasses.field(default_factory=dict)
+    continuous: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    vocab: int | None = None
+    aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for a in self.actions:
@@ -178,6 +198,11 @@ class Spec:
                 raise SymmetryError(
                     f"blocks of {label!r}: {g} groups do not divide a permutation label of this spec"
                 )
+        for label, (kind, extra) in self.continuous.items():
+            if label not in self.perms or kind not in ("qk", "vo") or extra < 0:
+                raise SymmetryError(f"continuous group of {label!r}: not a permutation label of this spec, "
+                                    "a kind other than 'qk' and 'vo', or a negative number of extra "
+                                    "dimensions")
 
     def _check_slices(self) -> None:
         """Labels of one kind on one axis act on disjoint slices; one plain action covers its axis."""

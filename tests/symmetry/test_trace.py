@@ -168,23 +168,28 @@ class _ChannelShuffle(nn.Module):
 
 
 class _Split(nn.Module):
+    """A flattened 2 x 3 x 3 map cut into pieces of 6 features: the cut falls inside channel 0's block."""
+
     def __init__(self):
         super().__init__()
-        self.a, self.b = nn.Linear(3, 4), nn.Linear(2, 1)
+        self.a, self.b = nn.Conv2d(1, 2, 3), nn.Linear(6, 1)
 
     def forward(self, x):
-        h1, h2 = torch.relu(self.a(x)).chunk(2, dim=1)
+        h1, h2, h3 = torch.flatten(torch.relu(self.a(x)), 1).chunk(3, dim=1)
         return self.b(h1 * h2)
 
 
-class _Attention(nn.Module):
+class _Outer(nn.Module):
+    """The outer product of a layer's features with themselves: neither queries times keys nor
+    attention weights times values."""
+
     def __init__(self):
         super().__init__()
-        self.q, self.k, self.out = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(5, 2)
+        self.a, self.out = nn.Linear(3, 4), nn.Linear(16, 2)
 
-    def forward(self, x):  # (batch, tokens, features)
-        scores = self.q(x) @ self.k(x).transpose(1, 2)
-        return self.out(torch.softmax(scores, -1))
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        return self.out(torch.flatten(h.unsqueeze(2) @ h.unsqueeze(1), 1))
 
 
 class _ControlFlow(nn.Module):
@@ -202,15 +207,15 @@ class _RawParameter(nn.Module):
         self.fc, self.w = nn.Linear(3, 4), nn.Parameter(torch.randn(2, 4))
 
     def forward(self, x):
-        return torch.relu(self.fc(x)) @ self.w.T
+        return torch.relu(self.fc(x)) + self.w.sum(0)
 
 
 @pytest.mark.parametrize(
     "net, shape, match",
     [
         (_ChannelShuffle(), (1, 4, 4), "split it"),
-        (_Split(), (3,), "split of a labelled tensor"),
-        (_Attention(), (5, 3), "function matmul"),
+        (_Split(), (1, 5, 5), "cut through the block"),
+        (_Outer(), (3,), "matrix product of labelled tensors"),
         (nn.Sequential(nn.Conv2d(1, 2, 3), nn.LayerNorm([2, 3, 3]), nn.Flatten(), nn.Linear(18, 2)),
          (1, 5, 5), "LayerNorm '1' over"),
         (_ControlFlow(), (3,), "could not trace"),
@@ -221,7 +226,7 @@ class _RawParameter(nn.Module):
         (nn.Sequential(nn.Conv2d(1, 4, 1), nn.Conv2d(4, 4, 1, groups=2), nn.Conv2d(4, 4, 1, groups=4)),
          (1, 3, 3), "one group count"),
     ],
-    ids=["shuffle", "split", "attention", "layernorm-map", "control-flow", "raw-param", "bn-no-stats",
+    ids=["shuffle", "split", "outer-product", "layernorm-map", "control-flow", "raw-param", "bn-no-stats",
          "bad-shape", "groups"],
 )
 def test_clear_errors(net, shape, match):

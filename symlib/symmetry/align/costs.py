@@ -127,32 +127,46 @@ def interpolate(mean0: Params, std0: Params | None, mean1: Params, std1: Params 
 # ----------------------------------------------------------------------------- the descent
 @dataclasses.dataclass(frozen=True)
 class Act:
-    """One action of a label on a tensor the cost reads: axis ``axis`` of ``param`` permuted by ``label``."""
+    """One action of a label on a tensor the cost reads: entries ``start ... start + n*inner - 1`` of axis
+    ``axis`` of ``param`` permuted by ``label``, each label entry moving ``inner`` consecutive entries
+    (:class:`~symlib.symmetry.spec.Action`; the whole axis for most layers)."""
 
     param: str
     axis: int
     label: str
+    start: int = 0
+    n: int = 0
+    inner: int = 1
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as one row per label entry, ``(n, rest)`` (the slice the action covers)."""
+        part = t.narrow(self.axis, self.start, self.n * self.inner).movedim(self.axis, 0)
+        return part.reshape(self.n, -1)
+
+    def blocks(self, t: torch.Tensor, groups: int) -> torch.Tensor:
+        """``t`` as ``(groups, entries per group, rest)`` (the slice the action covers)."""
+        return self.rows(t).reshape(groups, self.n // groups, -1)
+
+    def permute(self, t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """``t`` with the slice this action covers permuted by ``p`` (entry ``i`` takes entry ``p[i]``)."""
+        idx = (p.to(t.device)[:, None] * self.inner + torch.arange(self.inner, device=t.device)).flatten()
+        if self.start == 0 and self.n * self.inner == t.shape[self.axis]:
+            return t.index_select(self.axis, idx)
+        full = torch.arange(t.shape[self.axis], device=t.device)
+        full[self.start:self.start + self.n * self.inner] = idx + self.start
+        return t.index_select(self.axis, full)
 
 
 def touched(spec: Spec, names) -> list[Act]:
-    sliced = [a for a in spec.actions
-              if a.perm is not None and a.param in names and (a.start or a.inner != 1)]
-    if sliced:
-        a = sliced[0]
-        raise SymmetryError(
-            f"label {a.perm!r} acts on a slice or on blocks of axis {a.axis} of {a.param!r} (a concatenation "
-            "or a flattened map): alignment handles labels that cover whole axes only; leave such tensors "
-            "out with names="
-        )
-    acts = [Act(a.param, a.axis, a.perm) for a in spec.actions if a.perm is not None and a.param in names]
-    seen = set()
+    acts = [Act(a.param, a.axis, a.perm, a.start, spec.perms[a.perm], a.inner)
+            for a in spec.actions if a.perm is not None and a.param in names]
+    axes: dict[tuple[str, str], int] = {}
     for a in acts:
-        if (a.param, a.label) in seen:
+        if axes.setdefault((a.param, a.label), a.axis) != a.axis:
             raise SymmetryError(
                 f"label {a.label!r} acts on two axes of {a.param!r}: its assignment is quadratic, not "
                 "linear, and this alignment does not solve it; leave that tensor out with names="
             )
-        seen.add((a.param, a.label))
     return acts
 
 
@@ -201,8 +215,7 @@ class Cost:
         m0, s0, m1, s1, mask = self.t[k]
         for a in self.by_param.get(k, []):
             if a.label in perms:
-                m1 = m1.index_select(a.axis, perms[a.label].to(m1.device))
-                s1 = s1.index_select(a.axis, perms[a.label].to(s1.device))
+                m1, s1 = a.permute(m1, perms[a.label]), a.permute(s1, perms[a.label])
         if mask is not None:
             m0, s0, m1, s1 = m0[mask], s0[mask], m1[mask], s1[mask]
         if self.cost == "weights":

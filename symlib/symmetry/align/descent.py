@@ -48,31 +48,33 @@ class Descent:
             self.by_label.setdefault(a.label, []).append(a)
             self.by_param.setdefault(a.param, []).append(a)
         # Side 0 is fixed: its matrices (n, rest) are built once per action.
-        self.mat_a = {a: self._mat(self.fa[a.param], a.axis) for a in acts}
+        self.mat_a = {a: self._mat(self.fa[a.param], a) for a in acts}
 
     @staticmethod
-    def _mat(ts: list[torch.Tensor], axis: int) -> torch.Tensor:
-        n = ts[0].shape[axis]
-        return torch.cat([t.movedim(axis, 0).reshape(n, -1) for t in ts], dim=1)
+    def _mat(ts: list[torch.Tensor], a: Act) -> torch.Tensor:
+        return torch.cat([a.rows(t) for t in ts], dim=1)
 
     def _side1(self, param: str, perms: Mapping[str, torch.Tensor], skip=()) -> list[torch.Tensor]:
-        """Side-1 features of ``param`` permuted on every labelled axis except those of ``skip``."""
+        """Side-1 features of ``param`` permuted by every action except those of the labels in ``skip``."""
         out = []
         for t in self.fb[param]:
             for a in self.by_param[param]:
                 if a.label not in skip:
-                    t = t.index_select(a.axis, perms[a.label].to(t.device))
+                    t = a.permute(t, perms[a.label])
             out.append(t)
         return out
 
     def label_matrix(self, label: str, perms) -> torch.Tensor:
         """``C[i, j]``: the cost of sending side-1 neuron ``j`` to position ``i`` of ``label``, the
-        other labels held (one matrix product per tensor the label acts on)."""
+        other labels held (one matrix product per action of the label; actions of one label on
+        disjoint slices of an axis add up, each slice reading only its own entries)."""
         n = self.spec.perms[label]
         c = torch.zeros(n, n, dtype=torch.float64)
+        side1: dict[str, list[torch.Tensor]] = {}
         for a in self.by_label.get(label, []):
-            mb = self._mat(self._side1(a.param, perms, skip=(label,)), a.axis)
-            c += (self.mat_a[a] @ mb.T).cpu()
+            if a.param not in side1:
+                side1[a.param] = self._side1(a.param, perms, skip=(label,))
+            c += (self.mat_a[a] @ self._mat(side1[a.param], a).T).cpu()
         return c
 
     def block_matrix(self, labels: list[str], groups: int, inner: Mapping[str, torch.Tensor], perms
@@ -84,16 +86,16 @@ class Descent:
         cur = {**perms, **inner}
         tied = set(labels)
         for param, acts in self.by_param.items():
-            axes = [a.axis for a in acts if a.label in tied]
+            mine = [a for a in acts if a.label in tied]
+            axes = sorted({a.axis for a in mine})
             if not axes:
                 continue
             side1 = self._side1(param, cur)
             for ta, tb in zip(self.fa[param], side1, strict=True):
-                if len(axes) == 1:
-                    ax = axes[0]
-                    x = ta.movedim(ax, 0).reshape(groups, ta.shape[ax] // groups, -1)
-                    y = tb.movedim(ax, 0).reshape(groups, tb.shape[ax] // groups, -1)
-                    m += torch.einsum("gkr,hkr->gh", x, y).cpu()
+                if len(axes) == 1:  # one axis, one or several slices (queries, keys, values)
+                    for a in mine:
+                        x, y = a.blocks(ta, groups), a.blocks(tb, groups)
+                        m += torch.einsum("gkr,hkr->gh", x, y).cpu()
                 elif len(axes) == 2 and self.spec.groups_of(param) > 1:
                     # A block-diagonal grouped weight: rows and columns move together, so only the
                     # diagonal blocks meet.
@@ -120,7 +122,7 @@ class Descent:
             for a in self.by_label.get(q, []):
                 if any(b.label in tied and b.label != q for b in self.by_param[a.param]):
                     continue
-                mb = self._mat(self._side1(a.param, perms, skip=(q,)), a.axis)
+                mb = self._mat(self._side1(a.param, perms, skip=(q,)), a)
                 c += (self.mat_a[a] @ mb.T).cpu()
             for g in range(groups):
                 for h in range(groups):  # loops over blocks, not neurons

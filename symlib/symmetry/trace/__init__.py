@@ -1,8 +1,11 @@
-r"""Derive a :class:`~symlib.symmetry.spec.Spec` from a model by tracing it (book: chapter "Symmetries of real
-architectures"; paper App. D.4; the architectures supported: page "Architectures").
+r"""Derive a :class:`~symlib.symmetry.spec.Spec` from a model by tracing it (book: chapters "Symmetries of
+real architectures" and "Transformers: permutations without scalings"; paper App. D.4; the architectures
+supported: page "Architectures").
 
-:func:`spec_of` traces ``model`` with ``torch.fx`` (in eval mode), propagates shapes on one dummy input,
-and walks the graph once. Every channel (feature) axis produced by a ``Linear`` or a convolution gets a
+:func:`spec_of` traces ``model`` with ``torch.fx`` (in eval mode; models that ``torch.fx`` cannot trace,
+such as Hugging Face ``transformers`` models, are exported with ``torch.export`` and their ATen graph is
+walked by the same rules), propagates shapes on one dummy input (fake tensors: no arithmetic), and walks
+the graph once. Every channel (feature) axis produced by a ``Linear`` or a convolution gets a
 fresh permutation label and a fresh scaling label; the other nodes move, tie or drop these labels. A
 tensor carries its labels on one axis as segments laid end to end (one per concatenated part), each
 label entry covering a block of entries after a flatten:
@@ -33,24 +36,50 @@ label entry covering a block of entries after a flatten:
   permutations merge; the product keeps the scale of ``x`` (the gate's, after a sigmoid, is fixed).
 * grouped and depthwise convolutions (paper D.4.2): the input label and the output label get a block
   structure and move their groups together (``Spec.blocks``).
+* LayerNorm and RMSNorm over the features (a transformer's residual stream): the permutation passes, so
+  one label acts on every tensor that reads or writes the stream (embeddings, position embeddings, class
+  tokens, every norm, the inputs of every projection, the outputs of every output projection); the norm
+  fixes the stream's scale, and its affine weight opens a scale undone by the next layer's columns.
+* splitting features: ``split``, ``chunk``, ``unbind`` and indexing along the labelled axis cut its label
+  into parts (a fused query-key-value layer; SwiGLU's gate and value, whose product pairs them); a
+  reshape ``(..., h * k) -> (..., h, k)`` spreads features over heads and its converse merges them back;
+  interleaving parts (a channel shuffle) is refused.
+* attention (:mod:`~symlib.symmetry.trace.attention`): ``q @ k.T`` and ``scaled_dot_product_attention``
+  merge the query and key labels (keys on the far side of the bilinear form, ``Action.power`` -1), the
+  attention weights carry the heads to the values, whose label then reaches the output projection; the
+  heads are blocks of these labels, tied (``Spec.blocks``), with a label of their own for per-head
+  parameters (Swin's relative position bias tables); the continuous group per head (:math:`GL(d_k)`,
+  :math:`GL(d_v)`) and the redundant key and value biases are recorded in ``Spec.continuous``.
+  ``nn.MultiheadAttention`` and torchvision's ``shifted_window_attention`` are rules of their own;
+  ``F.linear``, ``x @ W``, ``torch.addmm`` with a parameter, and embeddings act as layers.
+* views of a parameter (``expand``, ``unsqueeze``, ``permute``, ``.T``) stay that parameter: a class token
+  concatenated to the patch embeddings, a position embedding added to them, move with their labels.
 
 The network's input and every tensor that reaches the output are fixed: their labels merge into one
-"fixed" class (:data:`FIXED`) that no symmetry acts on. Anything else (attention, matrix products,
-splitting labelled channels, a parameter used outside a layer, an unknown module or function on a
-labelled tensor) raises :class:`~symlib.symmetry.spec.SymmetryError` naming the node.
+"fixed" class (:data:`FIXED`) that no symmetry acts on. Anything else (other matrix products, a cut
+through a flattened channel, a parameter computed into something else before it meets labelled tensors,
+an unknown module or function on a labelled tensor or on features split into heads) raises
+:class:`~symlib.symmetry.spec.SymmetryError` naming the node.
 
-Layout: :mod:`~symlib.symmetry.trace.labels` (segments, union-find), :mod:`~symlib.symmetry.trace.rules`
-(which operation does what), :mod:`~symlib.symmetry.trace.layers` (layers with parameters),
-:mod:`~symlib.symmetry.trace.tensors` (shapes and arithmetic), :mod:`~symlib.symmetry.trace.walker`
-(the walk and the spec it yields).
+Layout: :mod:`~symlib.symmetry.trace.labels` (segments, grids, union-find with parities and parts),
+:mod:`~symlib.symmetry.trace.rules` (which operation does what), :mod:`~symlib.symmetry.trace.layers`
+(layers with parameters), :mod:`~symlib.symmetry.trace.tensors` (shapes and arithmetic),
+:mod:`~symlib.symmetry.trace.heads` (features over several axes, pieces, parameter views),
+:mod:`~symlib.symmetry.trace.attention` (attention, embeddings, functional layers),
+:mod:`~symlib.symmetry.trace.walker` (the walk and the spec it yields).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 import torch
 import torch.fx
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
 
 from symlib.symmetry.spec import Spec, SymmetryError, with_scalings
 from symlib.symmetry.trace.labels import FIXED
@@ -58,17 +87,24 @@ from symlib.symmetry.trace.labels import FIXED
 __all__ = ["FIXED", "spec_of"]
 
 
-def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: str = "auto") -> Spec:
+def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: str = "auto",
+            vocab: int | None = None) -> Spec:
     """The symmetries of ``model``, derived by tracing it with ``torch.fx`` (module docstring).
 
     Args:
         model: a PyTorch module whose ``forward`` ``torch.fx`` can trace (no
-            data-dependent control flow). It is traced in eval mode and not
-            modified (its train/eval flags are restored).
+            data-dependent control flow); when ``torch.fx.symbolic_trace`` fails
+            (Hugging Face ``transformers`` models do), the model is exported with
+            ``torch.export`` instead and the same rules walk its ATen graph. It
+            is traced in eval mode and not modified (its train/eval flags are
+            restored).
         input_shape: shape of one input sample, without the batch dimension,
-            e.g. ``(1, 28, 28)``.
+            e.g. ``(1, 28, 28)``, or ``(tokens,)`` for a language model.
         device, dtype: of the dummy input used to propagate shapes (default:
             those of the model's first parameter).
+        vocab: for a network that reads token ids (integers in ``[0, vocab)``):
+            the vocabulary size; the dummy input is then integer, and the spec's
+            functional checks draw random tokens (``Spec.vocab``).
         scalings: ``"auto"`` (default): every scaling symmetry the layers allow;
             when some activation is not positively homogeneous (tanh, SiLU,
             ReLU6, ...) the spec lists it in ``Spec.no_scaling`` and scaling
@@ -79,7 +115,8 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
 
     Returns:
         The spec, with ``forward`` (evaluating the model functionally, in eval
-        mode) and ``input_shape`` set. Labels are named after the layer that
+        mode; of a model returning a tuple or a dict, its first tensor, e.g. the
+        logits of a Hugging Face model) and ``input_shape`` set. Labels are named after the layer that
         opens them: a convolution ``"layer1.0.conv1"`` opens a permutation and
         a scale of that name, a BatchNorm ``"bn1"`` a scale; merged labels keep
         the name of their first layer.
@@ -98,18 +135,13 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
     dtype = dtype or (ref.dtype if ref is not None else torch.float32)
     device = device or (ref.device if ref is not None else None)
     modes = {m: m.training for m in model.modules()}
+    dummy = (torch.zeros(2, *input_shape, dtype=torch.long, device=device) if vocab is not None
+             else torch.zeros(2, *input_shape, dtype=dtype, device=device))
     try:
         model.eval()  # the spec is of the eval-mode function (``if self.training`` branches traced so)
+        gm = _trace(model, dummy)
         try:
-            gm = torch.fx.symbolic_trace(model)
-        except Exception as err:  # torch.fx raises many kinds of errors
-            raise SymmetryError(
-                f"torch.fx could not trace {type(model).__name__}: {err}. Remove data-dependent control "
-                "flow from forward, or write the Spec by hand"
-            ) from err
-        try:
-            with torch.no_grad():
-                ShapeProp(gm).propagate(torch.zeros(2, *input_shape, dtype=dtype, device=device))
+            _propagate(gm, dummy)
         except Exception as err:
             raise SymmetryError(
                 f"{type(model).__name__} fails on an input of shape (batch, *{input_shape}): {err}"
@@ -121,18 +153,74 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
     walker.walk()
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     spec = with_scalings(walker.spec(shapes), scalings)
+    if vocab is not None:
+        spec = dataclasses.replace(spec, vocab=int(vocab))
     return spec.with_forward(_eval_forward(model), input_shape)
 
 
+def _trace(model: nn.Module, dummy: torch.Tensor) -> torch.fx.GraphModule:
+    """The graph of ``model``: by ``torch.fx.symbolic_trace``, else by ``torch.export`` (an ATen graph whose
+    parameters are read by ``get_attr``, under their state-dict names)."""
+    try:
+        return torch.fx.symbolic_trace(model)
+    except Exception as fx_err:  # torch.fx raises many kinds of errors
+        try:
+            with torch.no_grad():
+                return torch.export.export(model, (dummy,), strict=False).module()
+        except Exception as err:
+            raise SymmetryError(
+                f"torch.fx could not trace {type(model).__name__} ({fx_err}), and torch.export could not "
+                f"export it either ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). "
+                "Remove data-dependent control flow from forward, or write the Spec by hand"
+            ) from err
+
+
+def _propagate(gm: torch.fx.GraphModule, dummy: torch.Tensor) -> None:
+    """The shape of every tensor of the graph (``node.meta["tensor_meta"]``), from fake tensors (no
+    arithmetic: a ViT-B/16 takes a second, not five); by running the graph when fake tensors fail."""
+    try:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        with torch.no_grad():
+            FakeTensorProp(gm, mode).propagate(mode.from_tensor(dummy))
+    except Exception:  # an operation without a fake kernel: run it for real
+        with torch.no_grad():
+            ShapeProp(gm).propagate(dummy)
+        return
+
+    def meta(v):
+        if isinstance(v, torch.Tensor):
+            return _extract_tensor_metadata(v)
+        if isinstance(v, (tuple, list)):
+            return tuple(meta(x) for x in v)
+        return None
+
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["tensor_meta"] = meta(node.meta["val"])
+
+
+def _first_tensor(out):
+    """The output of a model that returns a tuple or a dict (Hugging Face models): its first tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    items = out.values() if isinstance(out, Mapping) else out if isinstance(out, (tuple, list)) else ()
+    for x in items:
+        if isinstance(x, torch.Tensor):
+            return x
+    return out
+
+
 def _eval_forward(model: nn.Module):
-    """``forward(theta, x)``: ``model`` evaluated in eval mode on parameters and buffers ``theta``;
-    the model's train/eval flags are restored after each call."""
+    """``forward(theta, x)``: ``model`` evaluated in eval mode on parameters and buffers ``theta``
+    (:func:`_first_tensor` of its output); the model's train/eval flags are restored after each call."""
 
     def forward(theta, x):
         modes = [(m, m.training) for m in model.modules()]
         model.eval()
         try:
-            return torch.func.functional_call(model, theta, (x,))
+            # tie_weights=False: a tied parameter (an embedding reused as the classifier) is read under
+            # each of its names, whose values theta keeps equal
+            return _first_tensor(torch.func.functional_call(model, theta, (x,), tie_weights=False))
         finally:
             for m, t in modes:
                 m.train(t)

@@ -6,9 +6,10 @@ r"""Rules for the layers that hold parameters, and the dispatch of ``call_module
   A grouped convolution ties its input and output labels' blocks (``Spec.blocks``).
 * BatchNorm: same permutation as its input; the input's scale is absorbed by the running statistics
   (mean: power 1, ``var + eps``: power 2), and ``weight``/``bias`` open a new scale.
-* LayerNorm over the channel axis: the permutation passes (its ``weight``/``bias`` move with it); the
-  input's per-channel scale does not (the normalisation mixes channels), and ``weight``/``bias`` open a
-  new scale.
+* LayerNorm (and RMSNorm) over the channel axis: the permutation passes (its ``weight``/``bias`` move
+  with it); the input's per-channel scale does not (the normalisation mixes channels), and
+  ``weight``/``bias`` open a new scale.
+* ``nn.Embedding``: the table's features open a label (:func:`.attention.embedding_module`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,27 @@ from __future__ import annotations
 from torch import nn
 
 from symlib.symmetry.trace import rules
-from symlib.symmetry.trace.labels import FIXED, Attr, Seg, State
+from symlib.symmetry.trace.labels import FIXED, Attr, Grid, Scores, Seg, State
 
 
 def module(w, node, mod: nn.Module) -> State:
     name = node.target
+    args = w.tensor_args(node)
+    st = w.states.get(args[0]) if args else None
+    if isinstance(st, (Grid, Scores)):  # features split into heads, or attention scores
+        if isinstance(mod, (nn.Dropout, nn.Identity)) or (isinstance(st, Scores) and isinstance(
+                mod, (nn.Softmax, nn.LogSoftmax))):
+            return st
+        raise w.refuse(node, f"the module {name!r} of type {type(mod).__name__} on "
+                       + ("attention scores" if isinstance(st, Scores) else "features split into heads"),
+                       "merge the heads back before other layers")
+    if isinstance(mod, nn.Embedding):
+        from symlib.symmetry.trace import attention
+
+        return attention.embedding_module(w, node, mod)
+    if isinstance(mod, nn.RMSNorm):
+        return layernorm(w, node, tuple(mod.normalized_shape),
+                         f"{name}.weight" if mod.weight is not None else None, None, name)
     if isinstance(mod, nn.Linear):
         return linear(w, node, name, mod)
     if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):

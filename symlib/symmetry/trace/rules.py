@@ -26,7 +26,8 @@ PASS_FUNCTIONS = {
     F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d, F.adaptive_max_pool1d,
     F.adaptive_max_pool2d, F.adaptive_max_pool3d, operator.neg, torch.neg,
 }
-PASS_METHODS = {"relu", "relu_", "contiguous", "clone", "detach", "float", "double", "to", "neg", "__neg__"}
+PASS_METHODS = {"relu", "relu_", "contiguous", "clone", "detach", "float", "double", "to", "neg", "__neg__",
+                "alias", "type_as"}
 # Functions that are the identity in eval mode, known by module and name (no import of their package).
 EVAL_IDENTITY = {("torchvision.ops.stochastic_depth", "stochastic_depth")}
 
@@ -34,12 +35,13 @@ EVAL_IDENTITY = {("torchvision.ops.stochastic_depth", "stochastic_depth")}
 NONHOMOGENEOUS_MODULES = (
     nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.ELU, nn.SELU, nn.CELU, nn.Softplus, nn.Mish,
     nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.ReLU6, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid,
+    nn.Softmax, nn.LogSoftmax,
 )
 NONHOMOGENEOUS_FUNCTIONS = {
     torch.tanh, F.tanh, torch.sigmoid, F.sigmoid, F.gelu, F.silu, F.elu, F.selu, F.celu, F.softplus,
-    F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, F.relu6, torch.exp,
+    F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, F.relu6, torch.exp, torch.pow, operator.pow,
 }
-NONHOMOGENEOUS_METHODS = {"tanh", "tanh_", "sigmoid", "sigmoid_", "exp"}
+NONHOMOGENEOUS_METHODS = {"tanh", "tanh_", "sigmoid", "sigmoid_", "exp", "pow", "__pow__"}
 
 # Element-wise arithmetic between tensors (with broadcasting) or with numbers.
 ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add, operator.sub, operator.isub, torch.sub}
@@ -54,20 +56,55 @@ RESHAPE_FUNCTIONS = {torch.flatten, torch.squeeze, torch.unsqueeze, torch.reshap
 RESHAPE_METHODS = {"flatten", "view", "reshape", "squeeze", "unsqueeze"}
 REDUCE_FUNCTIONS = {torch.mean, torch.amax, torch.sum}
 REDUCE_METHODS = {"mean", "amax", "sum"}
-MOVE_FUNCTIONS = {torch.permute, torch.transpose}
-MOVE_METHODS = {"permute", "transpose"}
+MOVE_FUNCTIONS = {torch.permute, torch.transpose, torch.t, torch.movedim}
+MOVE_METHODS = {"permute", "transpose", "t", "movedim"}
 CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}
-LAYER_NORM_FUNCTIONS = {F.layer_norm}
+LAYER_NORM_FUNCTIONS = {F.layer_norm, F.rms_norm}
 
 # Operations whose result is not a tensor but which only read a labelled tensor's shape.
 QUERY_METHODS = {"size", "dim", "numel", "ndimension"}
 QUERY_FUNCTIONS = {getattr, torch.numel}
+QUERY_NAMES = {"_assert_tensor_metadata", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+               "_assert_async", "_assert_scalar"}  # ATen checks and shape queries (torch.export graphs)
 SPLIT_NAMES = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes"}
 
 
 def name_of(target) -> str:
-    """A readable name of a node's target."""
+    """A readable name of a node's target (``"linear"`` for ``torch.ops.aten.linear.default``)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+# ATen operators (graphs from torch.export) as the function or method with the same arguments.
+ATEN = {
+    "add": operator.add, "sub": operator.sub, "rsub": operator.sub, "mul": operator.mul,
+    "div": operator.truediv, "neg": operator.neg, "relu": torch.relu, "gelu": F.gelu, "silu": F.silu,
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "exp": torch.exp, "pow": torch.pow,
+    "view": torch.reshape, "reshape": torch.reshape, "_unsafe_view": torch.reshape,
+    "unsqueeze": torch.unsqueeze, "squeeze": torch.squeeze, "flatten": torch.flatten,
+    "permute": torch.permute, "transpose": torch.transpose, "t": torch.t, "mean": torch.mean,
+    "sum": torch.sum, "amax": torch.amax, "cat": torch.cat, "layer_norm": F.layer_norm,
+    "rms_norm": F.rms_norm, "dropout": F.dropout, "linear": F.linear, "addmm": torch.addmm,
+    "matmul": torch.matmul, "bmm": torch.bmm, "mm": torch.mm, "softmax": torch.softmax,
+    "_softmax": torch.softmax, "log_softmax": torch.log_softmax,
+    "scaled_dot_product_attention": F.scaled_dot_product_attention,
+}
+ATEN_METHODS = {"clone", "alias", "contiguous", "detach", "lift_fresh_copy", "masked_fill", "expand"}
+
+
+def normalize(target, is_method: bool):
+    """``(target, is_method)`` with an ATen operator replaced by its function or method equivalent."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return target, is_method
+    name = name_of(target)
+    if name in ATEN:
+        return ATEN[name], False
+    if name in ("_to_copy", "to"):
+        return "to", True
+    if name in ATEN_METHODS:
+        return name, True
+    return name, False
 
 
 def is_eval_identity(target) -> bool:

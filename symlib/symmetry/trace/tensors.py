@@ -16,19 +16,23 @@ chapter "Symmetries of real architectures"; paper App. D.4). See :mod:`symlib.sy
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx
+from torch.nn import functional as F
 
-from symlib.symmetry.trace import layers, rules
-from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Seg, State
+from symlib.symmetry.trace import attention, heads, layers, rules
+from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, State
 
 
 def function(w, node, target, is_method: bool) -> State:
+    target, is_method = rules.normalize(target, is_method)
+
     def has(methods, functions):
         return target in methods if is_method else target in functions
 
+    special = attention.function(w, node, target, is_method)
+    if special is not NotImplemented:
+        return special
     if has(rules.ADD_METHODS, rules.ADD_FUNCTIONS):
         return elementwise(w, node, "add")
     if has(rules.MUL_METHODS, rules.MUL_FUNCTIONS):
@@ -50,9 +54,12 @@ def function(w, node, target, is_method: bool) -> State:
     if not is_method and target in rules.LAYER_NORM_FUNCTIONS:
         shape = node.args[1] if len(node.args) > 1 else node.kwargs["normalized_shape"]
         weight = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
-        bias = node.args[3] if len(node.args) > 3 else node.kwargs.get("bias")
-        return layers.layernorm(w, node, tuple(shape), layers.attr_name(w, node, weight),
-                                layers.attr_name(w, node, bias), node.name)
+        bias = None
+        if target is F.layer_norm:
+            bias = node.args[3] if len(node.args) > 3 else node.kwargs.get("bias")
+        weight, bias = layers.attr_name(w, node, weight), layers.attr_name(w, node, bias)
+        return layers.layernorm(w, node, tuple(shape), weight, bias,
+                                weight.rsplit(".", 1)[0] if weight else node.name)
     if w.fixed_inputs(node):
         return UNLABELLED
     what = f"the method .{target}()" if is_method else f"the function {rules.name_of(target)}"
@@ -60,9 +67,9 @@ def function(w, node, target, is_method: bool) -> State:
     raise w.refuse(
         node, what + " on a labelled tensor" + param,
         ("use the parameter through an nn.Module layer (nn.Linear, nn.Conv2d, ...) so the spec knows its "
-         "axes; " if param else "") + "its symmetries are unknown to symlib (attention, matrix products "
-        "and channel splits are not supported); write the Spec by hand or express the layer with "
-        "supported modules",
+         "axes; " if param else "") + "its symmetries are unknown to symlib (matrix products "
+        "are supported as attention, queries times keys and weights times values); write the Spec by hand "
+        "or express the layer with supported modules",
     )
 
 
@@ -73,29 +80,8 @@ def nonhomogeneous(w, node, layer: str, what: str) -> State:
 
 # ------------------------------------------------------------------------------------------- shapes
 def reshape(w, node) -> State:
-    """flatten / view / reshape / squeeze / unsqueeze of a labelled tensor: the axes before the channel
-    axis stay, the channel axis may absorb the axes right after it (``Action.inner`` grows by their
-    product), and the axes after that may be reshaped freely."""
-    st = w.input(node)
-    src = w.tensor_args(node)[0]
-    in_shape, out_shape = tuple(w.shape(src)), tuple(w.shape(node))
-    if w.is_fixed(st):
-        return UNLABELLED
-    a = st.axis
-    if in_shape == out_shape:
-        return st
-    if in_shape[:a] == out_shape[:a] and len(out_shape) > a:
-        for k in range(a + 1, len(in_shape) + 1):
-            rest_in, rest_out = math.prod(in_shape[k:]), math.prod(out_shape[a + 1:])
-            if math.prod(in_shape[a:k]) == out_shape[a] and rest_in == rest_out:
-                block = math.prod(in_shape[a + 1:k])
-                segs = tuple(Seg(s.perm, s.scale, s.n, s.inner * block) for s in st.segs)
-                return State(a, segs, st.producer)
-    raise w.refuse(
-        node, f"a reshape of a tensor labelled on axis {a} from {in_shape} to {out_shape}",
-        "a reshape may merge the channel axis with the axes after it (a flatten), not split it (a channel "
-        "shuffle does) or merge it with the axes before it",
-    )
+    """flatten / view / reshape / squeeze / unsqueeze of a labelled tensor (:func:`.heads.reshape`)."""
+    return heads.reshape(w, node)
 
 
 def reduce(w, node) -> State:
@@ -119,19 +105,12 @@ def reduce(w, node) -> State:
 
 def move(w, node) -> State:
     """permute / transpose: the labels follow their axis."""
-    st = w.input(node)
-    if w.is_fixed(st):
+    st = w.states.get(w.tensor_args(node)[0])
+    if w.is_fixed(st) or isinstance(st, Attr):
         return UNLABELLED
-    ndim = len(w.shape(node))
-    args = list(node.args[1:])
-    if rules.name_of(node.target) == "transpose":
-        d0 = args[0] if args else node.kwargs["dim0"]
-        d1 = args[1] if len(args) > 1 else node.kwargs["dim1"]
-        order = list(range(ndim))
-        order[d0 % ndim], order[d1 % ndim] = order[d1 % ndim], order[d0 % ndim]
-    else:
-        dims = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-        order = [int(d) % ndim for d in (dims or node.kwargs["dims"])]
+    order = heads._order(node, len(w.shape(node)))
+    if not isinstance(st, State):
+        return heads.move(w, node, order)
     return st.moved(order.index(st.axis))
 
 
@@ -145,6 +124,9 @@ def cat(w, node) -> State:
     labelled = [st for _, st in states if not w.is_fixed(st)]
     if not labelled:
         return UNLABELLED
+    if any(not isinstance(st, State) for st in labelled):
+        raise w.refuse(node, "a concatenation of features split into heads or of attention scores",
+                       "merge the heads back first")
     if len({st.axis for st in labelled}) != 1:
         raise w.refuse(node, "a concatenation of tensors labelled on different axes",
                        "concatenate tensors with the same layout")
@@ -156,7 +138,12 @@ def cat(w, node) -> State:
         return State(axis, tuple(segs), labelled[-1].producer)
     segs = labelled[0].segs
     for t, st in states:
+        if isinstance(st, Attr) and st.in_state_dict and not st.opaque:
+            continue  # a parameter (a class token) concatenated to labelled features moves with them
         segs = w.merge(segs, w.segments(None if w.is_fixed(st) else st, w.shape(t)[axis]), node)
+    for _, st in states:
+        if isinstance(st, Attr) and st.in_state_dict and not st.opaque:
+            _attr_actions(w, node, st, segs, axis, with_scale=True)
     return State(axis, segs, labelled[-1].producer)
 
 
@@ -190,6 +177,8 @@ def elementwise(w, node, op: str) -> State:
             w.fix_scales(st)
         return UNLABELLED
     main = full[0]
+    if op == "mul":  # the product keeps the scale of a factor that still has one (x * gate, act(g) * v)
+        main = next((st for st in full if any(w.scale_uf.find(x.scale) != FIXED for x in st.segs)), main)
     scales = op == "add"  # a sum ties the scales of its terms; a product keeps one factor's scale
     segs = main.segs
     for st, shape, _ in items:
@@ -225,8 +214,13 @@ def _attr_actions(w, node, attr: Attr, segs, axis: int, with_scale: bool) -> Non
                        "make it a parameter or buffer of the model, or keep it off labelled tensors")
     if len(attr.shape) == 0 or axis < 0:
         return
+    pa = attr.param_axis(axis)
+    if pa is None:
+        raise w.refuse(node, f"the parameter {attr.name!r} used outside a layer, computed into a tensor that "
+                       "meets labelled channels", "use the parameter itself (or a view of it: expand, "
+                       "unsqueeze, permute), or through an nn.Module layer")
     pos = 0
     for s in segs:
-        w.act(attr.name, axis, s.perm, s.scale if with_scale else FIXED, 1 if with_scale else 0,
+        w.act(attr.name, pa, s.perm, s.scale if with_scale else FIXED, 1 if with_scale else 0,
               start=pos, inner=s.inner)
         pos += s.size

@@ -5,14 +5,17 @@ chapter "Symmetries of real architectures"). The rules live in :mod:`~symlib.sym
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+
 import torch
 import torch.fx
 from torch import nn
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from symlib.symmetry.spec import Action, Spec, SymmetryError
-from symlib.symmetry.trace import layers, rules, tensors
-from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Seg, State, UnionFind
+from symlib.symmetry.trace import attention, heads, layers, rules, tensors
+from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Grid, Multi, Scores, Seg, State, UnionFind
 
 
 class Walker:
@@ -29,6 +32,8 @@ class Walker:
         self.weights: set[str] = set()
         self.no_scaling: dict[str, str] = {}
         self.grouped: list[tuple[str, str, int]] = []
+        self.kinds: dict[str, str] = {}  # label -> "qk" (queries and keys) or "vo" (values), attention.py
+        self.no_bias_shift: set[str] = set()  # attention labels whose biases are not redundant
         self.states: dict[torch.fx.Node, State | Attr | None] = {}
         self.output_producers: list[str | None] = []
 
@@ -39,8 +44,8 @@ class Walker:
         while label in self.perm_uf.parent or label in self.scale_uf.parent:
             label = f"{name}#{i}"
             i += 1
-        self.perm_uf.add(label)
-        self.scale_uf.add(label)
+        self.perm_uf.add(label, size)
+        self.scale_uf.add(label, size)
         self.sizes[label] = size
         return label
 
@@ -51,11 +56,20 @@ class Walker:
         return self.perm_uf.find(s.perm) == FIXED and self.scale_uf.find(s.scale) == FIXED
 
     def is_fixed(self, st) -> bool:
+        if isinstance(st, Scores):
+            return False
+        if isinstance(st, Multi):
+            return all(self.is_fixed(x) for x in st.items)
         return st is None or isinstance(st, Attr) or all(self.seg_fixed(s) for s in st.segs)
 
-    def fix(self, st: State | None) -> None:
-        """Merge every label of ``st`` with the fixed class."""
-        if isinstance(st, State):
+    def fix(self, st) -> None:
+        """Merge every label of ``st`` with the fixed class (the heads of scores stay in place)."""
+        if isinstance(st, Multi):
+            for x in st.items:
+                self.fix(x)
+        elif isinstance(st, Scores):
+            self.grouped.append((st.follows, FIXED, st.heads))
+        elif isinstance(st, (State, Grid)):
             for s in st.segs:
                 self.perm_uf.union(s.perm, FIXED)
                 self.scale_uf.union(s.scale, FIXED)
@@ -139,6 +153,9 @@ class Walker:
         if not args:
             raise SymmetryError(f"node {node.name!r} ({node.target}) has no tensor input")
         st = self.states[args[0]]
+        if isinstance(st, (Grid, Scores, Multi)):
+            raise self.refuse(node, "an operation on features split into heads or on attention scores",
+                              "its symmetries are unknown to symlib; merge the heads back first")
         return UNLABELLED if st is None or isinstance(st, Attr) else st
 
     def refuse(self, node, what: str, fix: str) -> SymmetryError:
@@ -152,9 +169,9 @@ class Walker:
         """An operation between the last layer and the output: its inputs reach the output anyway."""
         for a in self.nested_nodes((node.args, node.kwargs)):
             st = self.states.get(a)
-            if isinstance(st, State) and st.segs:
+            if isinstance(st, (Grid, Scores, Multi)) or (isinstance(st, State) and st.segs):
                 self.fix(st)
-                self.output_producers.append(st.producer)
+                self.output_producers.append(getattr(st, "producer", None))
         return UNLABELLED
 
     def _tail(self) -> set[torch.fx.Node]:
@@ -176,13 +193,15 @@ class Walker:
         return any(a in self.from_params for a in self.nested_nodes((node.args, node.kwargs)))
 
     def _params_only(self) -> set[torch.fx.Node]:
-        """Nodes computed from the model's parameters and buffers alone (``get_attr``, ``w.T``, ...)."""
+        """Tensors computed from the model's parameters and buffers alone (``get_attr``, ``w.T``, a class
+        token expanded to the batch size, ...); sizes read from other tensors may enter."""
         out: set[torch.fx.Node] = set()
         for node in self.gm.graph.nodes:
             if node.op == "get_attr" and node.target in self.state_names:
                 out.add(node)
-            elif node.op in ("call_function", "call_method"):
-                ins = self.nested_nodes((node.args, node.kwargs))
+            elif node.op in ("call_function", "call_method") and self.shape(node) is not None:
+                ins = [a for a in self.nested_nodes((node.args, node.kwargs))
+                       if self.shape(a) is not None or a.op == "get_attr"]
                 if ins and all(a in out for a in ins):
                     out.add(node)
         return out
@@ -213,12 +232,16 @@ class Walker:
         if node.op == "output":
             for a in self.nested_nodes(node.args):
                 st = self.states.get(a)
-                if isinstance(st, State) and st.segs:
+                if isinstance(st, (Grid, Scores, Multi)) or (isinstance(st, State) and st.segs):
                     self.fix(st)
-                    self.output_producers.append(st.producer)
+                    self.output_producers.append(getattr(st, "producer", None))
             return None
         if node.op == "get_attr":
             return Attr(node.target, shape or (), node.target in self.state_names)
+        if node.op == "call_module" and isinstance(self.modules[node.target], nn.MultiheadAttention):
+            return attention.mha(self, node, self.modules[node.target])
+        if node in self.from_params and node.op in ("call_function", "call_method"):
+            return heads.attr_view(self, node)
         if shape is None:
             return self._not_a_tensor(node)
         if node in self.tail and not self._has_parameters(node):  # e.g. a softmax: the labels of its
@@ -232,46 +255,132 @@ class Walker:
     def _not_a_tensor(self, node) -> None:
         """Sizes and other non-tensor values are fine, unless a labelled tensor is split into pieces."""
         target = node.target
-        query = target in rules.QUERY_METHODS if node.op == "call_method" else target in rules.QUERY_FUNCTIONS
+        src = node.args[0] if node.args else None
+        if isinstance(self.states.get(src), Multi) and target is operator.getitem:
+            return None  # an item of a tuple that is not a tensor (attention weights not asked for)
+        query = target in rules.QUERY_METHODS if node.op == "call_method" else (
+            target in rules.QUERY_FUNCTIONS or rules.name_of(target) in rules.QUERY_NAMES)
         if query or self.fixed_inputs(node) or node in self.tail:
             return None
         if rules.name_of(target) in rules.SPLIT_NAMES:
-            raise self.refuse(
-                node, "a split of a labelled tensor into pieces",
-                "each piece would carry part of a label, and a label permutes all its channels at once; "
-                "splitting labelled channels is not supported (ShuffleNet's channel split, for one)",
-            )
+            return heads.pieces(self, node)
         raise self.refuse(
             node, f"{rules.name_of(target)} on a labelled tensor, which does not return a tensor",
             "its symmetries are unknown to symlib; write the Spec by hand",
         )
 
     # ------------------------------------------------------------------ result
-    def spec(self, shapes) -> Spec:
-        pf, sf = self.perm_uf.find, self.scale_uf.find
-        perms = {r: self.sizes[r] for r in self.sizes if pf(r) == r and r != FIXED}
-        scales = {r: self.sizes[r] for r in self.sizes if sf(r) == r and r != FIXED}
+    def _pieces(self, uf: UnionFind, label: str) -> list[tuple[str | None, bool, int, int]]:
+        """``(root or None when fixed, parity, offset, size)`` of the parts of ``label``'s class."""
+        out, pos = [], 0
+        for root, odd, n in uf.leaves(label):
+            out.append((None if root == FIXED else root, odd, pos, n))
+            pos += n
+        return out
+
+    def _actions(self) -> list[Action]:
+        """The recorded actions on the final labels: each label replaced by the parts it was cut into, the
+        power of a permutation on the far side of a bilinear form negated (attention keys)."""
         actions, seen = [], set()
-        for param, axis, p, s, power, groups, offset, start, inner in self.raw:
-            p = None if pf(p) == FIXED else pf(p)
-            s = None if sf(s) == FIXED else sf(s)
-            if p is None and s is None:
-                continue
-            a = Action(param, axis, p, s, power, groups, offset, start, inner)
-            if a not in seen:
+
+        def add(a: Action) -> None:
+            if (a.perm is not None or a.scale is not None) and a not in seen:
                 seen.add(a)
                 actions.append(a)
-        used_p = {a.perm for a in actions}
-        used_s = {a.scale for a in actions}
-        perms = {k: v for k, v in perms.items() if k in used_p}
-        scales = {k: v for k, v in scales.items() if k in used_s}
+
+        for param, axis, p, s, power, groups, offset, start, inner in self.raw:
+            ps, ss = self._pieces(self.perm_uf, p), self._pieces(self.scale_uf, s)
+            if groups != 1 and (len(ps) > 1 or len(ss) > 1):
+                raise SymmetryError(f"the grouped weight {param!r} reads a label that was cut into parts")
+            if len(ss) == 1 and ss[0][0] is None:
+                ss = [(None, False, o, n) for _, _, o, n in ps]
+            if len(ps) == 1 and ps[0][0] is None:
+                ps = [(None, False, o, n) for _, _, o, n in ss]
+            aligned = [(o, n) for _, _, o, n in ps] == [(o, n) for _, _, o, n in ss]
+            for i, (pr, odd, o, _) in enumerate(ps):
+                sr = ss[i][0] if aligned else None
+                if odd and sr is not None:  # a flipped permutation cannot share the action of a scale
+                    add(Action(param, axis, None, sr, power, groups, offset, start + o * inner, inner))
+                    sr = None
+                add(Action(param, axis, pr, sr, -power if odd else power, groups, offset,
+                           start + o * inner, inner))
+            if not aligned:
+                for sr, _, o, _ in ss:
+                    add(Action(param, axis, None, sr, power, groups, offset, start + o * inner, inner))
+        return actions
+
+    @staticmethod
+    def _tied(actions: list[Action]) -> list[Action]:
+        """A parameter read twice on one axis by one label (an embedding table reused as the classifier,
+        once as rows, once as columns) is permuted once, and cannot scale both ways: its scales go."""
+        seen: dict[tuple, Action] = {}
+        twice, scales = set(), set()
+        for a in actions:
+            if a.perm is None:
+                continue
+            first = seen.setdefault((a.param, a.axis, a.perm, a.start, a.inner), a)
+            if first is not a:
+                twice.add(a)
+                scales.update(x.scale for x in (first, a) if x.scale is not None)
+        if not twice:
+            return actions
+        out = [dataclasses.replace(a, scale=None if a.scale in scales else a.scale)
+               for a in actions if a not in twice]
+        return [a for a in out if a.perm is not None or a.scale is not None]
+
+    def _aliases(self, actions: list[Action]) -> list[Action]:
+        """The same actions on every other name of a tied parameter (a state dict lists a tied embedding
+        and classifier under both names; the graph reads one), so both names stay equal."""
+        names: dict[int, list[str]] = {}
+        for k, v in self.model.state_dict(keep_vars=True).items():
+            names.setdefault(id(v), []).append(k)
+        twins = {k: [x for x in group if x != k] for group in names.values() if len(group) > 1 for k in group}
+        self.aliases = {x: group[0] for group in names.values() if len(group) > 1 for x in group[1:]}
+        out, acted = list(actions), {a.param for a in actions}
+        for a in actions:
+            out += [dataclasses.replace(a, param=t) for t in twins.get(a.param, ()) if t not in acted]
+        self.weights.update(t for w in list(self.weights) for t in twins.get(w, ()))
+        return out
+
+    def spec(self, shapes) -> Spec:
+        actions = self._aliases(self._tied(self._actions()))
+        used_p = {a.perm for a in actions} - {None}
+        used_s = {a.scale for a in actions} - {None}
+        perms = {r: self.perm_uf.size[r] for r in sorted(used_p, key=self.perm_uf.position)}
+        scales = {r: self.scale_uf.size[r] for r in sorted(used_s, key=self.scale_uf.position)}
         producers = [p for p in self.output_producers if p is not None]
         bias = f"{producers[-1]}.bias" if producers else None
         return Spec(
             shapes=shapes, perms=perms, scales=scales, actions=tuple(actions),
             weights=frozenset(self.weights), output_bias=bias if bias in shapes else None,
             no_scaling=dict(self.no_scaling), blocks=self._blocks(perms),
+            continuous=self._continuous(perms, actions, shapes),
+            aliases={k: v for k, v in getattr(self, "aliases", {}).items() if k in shapes},
         )
+
+    def _continuous(self, perms, actions, shapes) -> dict[str, tuple[str, int]]:
+        """Attention labels with their general linear groups, and the dimensions of their redundant biases:
+        a key bias only shifts each query's scores by a constant, and a value bias passes through the
+        attention (its weights sum to 1) into the output projection's bias."""
+        out: dict[str, tuple[str, int]] = {}
+        bad = {self.perm_uf.find(x) for x in self.perm_uf.conflicts}
+        no_shift = {self.perm_uf.find(x) for x in self.no_bias_shift}
+        for label, kind in self.kinds.items():
+            leaves = self.perm_uf.leaves(label)
+            if len(leaves) != 1 or leaves[0][0] not in perms or leaves[0][0] in bad:
+                continue
+            root = leaves[0][0]
+            mine = [a for a in actions if a.perm == root]
+            biases = [a for a in mine if a.param not in self.weights and len(shapes[a.param]) == 1]
+            extra = 0
+            if root not in no_shift and kind == "qk" and any(a.power < 0 for a in biases):
+                extra = perms[root]
+            if root not in no_shift and kind == "vo" and any(a.power > 0 for a in biases):
+                outs = [a.param for a in mine if a.param in self.weights and a.power < 0]
+                if outs and all(f"{p.rsplit('.', 1)[0]}.bias" in shapes for p in outs):
+                    extra = perms[root]
+            out[root] = (kind, extra)
+        return {k: out[k] for k in perms if k in out}
 
     def _blocks(self, perms) -> dict[str, tuple[int, str | None]]:
         pf = self.perm_uf.find
@@ -283,8 +392,8 @@ class Walker:
                     tie.add(label)
                 if label != FIXED and groups.setdefault(label, g) != g:
                     raise SymmetryError(
-                        f"channels {label!r} feed or leave grouped convolutions with {groups[label]} and "
-                        f"{g} groups; spec_of supports one group count per channel set"
+                        f"channels {label!r} feed or leave grouped convolutions (or attention heads) with "
+                        f"{groups[label]} and {g} groups; spec_of supports one group count per channel set"
                     )
             tie.union(pf(p_in), pf(p_out))
         ordered = [label for label in perms if label in groups]

@@ -1,0 +1,132 @@
+r"""The continuous symmetries of attention (book: chapter "Transformers: permutations without scalings";
+Tran et al. 2024 for the group of multi-head attention).
+
+Head :math:`i` of an attention layer scores queries against keys with :math:`Q_i K_i^\top` and passes
+its values to the output projection as :math:`W_{O,i} V_i`. Both products are unchanged by any invertible
+change of basis of the head's features:
+
+.. math:: Q_i \to A_i Q_i,\quad K_i \to A_i^{-\top} K_i \qquad (A_i \in GL(d_k)),
+.. math:: V_i \to B_i V_i,\quad W_{O,i} \to W_{O,i} B_i^{-1} \qquad (B_i \in GL(d_v)),
+
+where :math:`Q_i, K_i, V_i` stand for the rows of the projections (weights and biases) that produce the
+head's features. Permutations of the features (the spec's permutation labels) and per-feature scalings
+are the permutation and diagonal matrices of these groups. Two more directions are redundant biases:
+a key bias :math:`b_K` adds :math:`q^\top b_K` to every score of a query, a constant the softmax removes,
+so :math:`b_K` is free; and a value bias passes through attention unchanged (the weights of a query sum
+to 1), so :math:`b_V \to b_V - \delta`, :math:`b_O \to b_O + W_O \delta` is a symmetry.
+
+A :class:`~symlib.symmetry.spec.Spec` records these groups in ``Spec.continuous`` (traced by
+:func:`symlib.symmetry.trace.spec_of`): :func:`dims` counts them, :func:`act` and :func:`shift_biases`
+apply them, :func:`random_element` draws one. No canonical form, min-mass or alignment in symlib removes
+them: canonical forms and alignment act on the permutations (a subgroup), and the scalings of attention
+features, a diagonal subgroup, are left to these functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from symlib.params import Params
+from symlib.symmetry.spec import Action, Spec, SymmetryError
+
+__all__ = ["act", "dims", "random_element", "random_shifts", "shift_biases"]
+
+
+def _blocks(spec: Spec, label: str) -> tuple[int, int]:
+    groups = spec.blocks[label][0] if label in spec.blocks else 1
+    return groups, spec.perms[label] // groups
+
+
+def dims(spec: Spec) -> dict[str, int]:
+    r"""Continuous dimensions per label of ``Spec.continuous``: :math:`G k^2` for :math:`G` blocks (heads)
+    of :math:`k` features (:math:`GL(k)` per head), plus the label's redundant biases."""
+    out = {}
+    for label, (_, extra) in spec.continuous.items():
+        g, k = _blocks(spec, label)
+        out[label] = g * k * k + extra
+    return out
+
+
+def random_element(spec: Spec, generator: torch.Generator | None = None, spread: float = 0.3,
+                   dtype=torch.float64) -> dict[str, torch.Tensor]:
+    r"""One random invertible matrix per head of every continuous label: :math:`\exp(s X / \sqrt{k})` with
+    :math:`X` standard normal, ``(G, k, k)`` per label (a matrix exponential is always invertible)."""
+    out = {}
+    for label in spec.continuous:
+        g, k = _blocks(spec, label)
+        x = torch.randn(g, k, k, generator=generator, dtype=torch.float64)
+        out[label] = torch.linalg.matrix_exp(spread * x / math.sqrt(k)).to(dtype)
+    return out
+
+
+def _along(t: torch.Tensor, a: Action, spec: Spec, fn) -> torch.Tensor:
+    """``t`` with ``fn`` applied to the ``(..., G, k, ...)`` view of the slice that action ``a`` covers."""
+    if a.inner != 1 or a.groups != 1:
+        raise SymmetryError(f"the continuous label {a.perm!r} acts on blocks of {a.param!r}: not supported")
+    d = t.ndim - len(spec.shapes[a.param]) + a.axis
+    start, stop = spec.span(a)
+    g, k = _blocks(spec, a.perm)
+    part = t.narrow(d, start, stop - start)
+    new = fn(part.unflatten(d, (g, k)), d).flatten(d, d + 1)
+    return torch.cat((t.narrow(d, 0, start), new, t.narrow(d, stop, t.shape[d] - stop)), d)
+
+
+def act(theta: Params, spec: Spec, mats: dict[str, torch.Tensor]) -> Params:
+    r"""Apply one invertible matrix per head, ``mats[label]`` of shape ``(G, k, k)``: :math:`A` on the
+    label's power +1 side, :math:`A^{-\top}` on its power -1 side (module docstring). ``theta`` may carry
+    leading batch dimensions (one matrix per head for all networks)."""
+    out = dict(theta)
+    for label, m in mats.items():
+        if label not in spec.continuous:
+            raise SymmetryError(f"{label!r} carries no continuous group; those that do: "
+                                f"{list(spec.continuous)}")
+        inv_t = torch.linalg.inv(m).transpose(-1, -2)
+        for a in spec.actions:
+            if a.perm != label:
+                continue
+            mat = (m if a.power > 0 else inv_t).to(out[a.param].dtype)
+
+            def apply(x, d, mat=mat):  # x[..., g, j, ...] -> sum_j mat[g, i, j] x[..., g, j, ...]
+                y = torch.einsum("gij,...gj->...gi", mat, x.movedim((d, d + 1), (-2, -1)))
+                return y.movedim((-2, -1), (d, d + 1))
+
+            out[a.param] = _along(out[a.param], a, spec, apply)
+    return out
+
+
+def _bias_actions(spec: Spec, label: str, sign: int) -> list[Action]:
+    return [a for a in spec.actions if a.perm == label and a.param not in spec.weights
+            and len(spec.shapes[a.param]) == 1 and a.power * sign > 0]
+
+
+def random_shifts(spec: Spec, generator: torch.Generator | None = None, dtype=torch.float64
+                  ) -> dict[str, torch.Tensor]:
+    """A random shift ``(n,)`` for every continuous label with redundant biases."""
+    return {label: torch.randn(spec.perms[label], generator=generator, dtype=torch.float64).to(dtype)
+            for label, (_, extra) in spec.continuous.items() if extra}
+
+
+def shift_biases(theta: Params, spec: Spec, shifts: dict[str, torch.Tensor]) -> Params:
+    r"""Move along the redundant bias directions: for a query-key label, the key bias
+    :math:`b_K \to b_K + \delta`; for a value label, :math:`b_V \to b_V - \delta` and
+    :math:`b_O \to b_O + W_O \delta` (module docstring). Networks without batch dimensions."""
+    out = dict(theta)
+    for label, delta in shifts.items():
+        kind, extra = spec.continuous.get(label, (None, 0))
+        if not extra:
+            raise SymmetryError(f"{label!r} has no redundant bias to shift")
+        for a in _bias_actions(spec, label, -1 if kind == "qk" else 1):
+            start, stop = spec.span(a)
+            step = delta if kind == "qk" else -delta
+            out[a.param] = out[a.param].index_add(0, torch.arange(start, stop), step.to(out[a.param].dtype))
+        if kind == "vo":
+            for a in spec.actions:
+                if a.perm == label and a.param in spec.weights and a.power < 0:
+                    w = out[a.param]
+                    start, stop = spec.span(a)
+                    part = w.narrow(a.axis, start, stop - start).movedim(a.axis, -1)
+                    bias = f"{a.param.rsplit('.', 1)[0]}.bias"
+                    out[bias] = out[bias] + (part @ delta.to(w.dtype)).reshape(out[bias].shape)
+    return out
