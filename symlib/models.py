@@ -2,6 +2,8 @@
 
 * :class:`MLP`: ``Linear -> act -> ... -> Linear`` as an ``nn.Sequential`` (the
   2-2-1 perceptron of the paper's Figure 1 is ``MLP([2, 2, 1])``).
+* :class:`MLPClassifier`: ReLU hidden layers, a dropout slot and an output layer ``fc`` (the networks
+  of chapter "Against the true posterior", whose stacked passes are :mod:`symlib.training.mlp`).
 * :class:`OptuNet`: the 392-parameter MNIST network of the paper. Its exact
   layers were not published; this reconstruction matches the count exactly and
   has a grouped convolution as its second convolution (paper App. B):
@@ -28,7 +30,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["MLP", "BasicBlock", "OptuNet", "ResNet18", "ResNet20", "num_parameters", "randomize_batchnorm"]
+__all__ = ["MLP", "BasicBlock", "MLPClassifier", "OptuNet", "ResNet18", "ResNet20", "num_parameters",
+           "randomize_batchnorm"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "leaky_relu": nn.LeakyReLU, "gelu": nn.GELU}
 
@@ -55,6 +58,34 @@ class MLP(nn.Sequential):
             layers.append(nn.Linear(int(a), int(b), bias=bias))
         super().__init__(*layers)
         self.widths = tuple(int(w) for w in widths)
+
+
+class MLPClassifier(nn.Module):
+    """A ReLU MLP classifier laid out like the paper's networks: hidden ``Linear`` + ReLU layers
+    (``hidden``), dropout before the last layer (``dropout``, the slot of MC dropout) and the output layer
+    ``fc``.
+
+    Args:
+        widths: inputs, hidden widths, classes (at least two entries; two: a linear classifier).
+        dropout: probability of dropping each feature before ``fc`` (0: none; no parameters).
+    """
+
+    def __init__(self, widths: Sequence[int], dropout: float = 0.0):
+        super().__init__()
+        if len(widths) < 2 or any(int(w) < 1 for w in widths):
+            raise ValueError(f"widths must be at least two positive integers, got {list(widths)}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout}")
+        layers: list[nn.Module] = []
+        for a, b in zip(widths[:-2], widths[1:-1], strict=False):
+            layers += [nn.Linear(int(a), int(b)), nn.ReLU()]
+        self.hidden = nn.Sequential(*layers)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(int(widths[-2]), int(widths[-1]))
+        self.widths = tuple(int(w) for w in widths)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.dropout(self.hidden(x)))
 
 
 class OptuNet(nn.Module):

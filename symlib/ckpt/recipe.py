@@ -242,7 +242,7 @@ class Recipe:
            input_shape: Sequence[int] | str | None = None) -> Recipe:
         """A recipe from what a user passes: a ``Recipe``, a ``"module:callable"`` string, a class or
         function (recorded by its import path), or an ``nn.Module`` instance (recorded as its class,
-        rebuilt without arguments: :meth:`check` says if that does not give its shapes)."""
+        rebuilt without arguments: :meth:`reference` gives the shapes it rebuilds, to compare)."""
         if isinstance(model, Recipe):
             return model.with_shape(input_shape)
         shape = parse_shape(input_shape)

@@ -1,8 +1,9 @@
 """The caches the chapters share, filled as a step of their own (``make zoo``; book: "Checkpoint zoos").
 
 Several chapters load the same expensive results from the zoo cache (``$SYMLIB_CACHE``): the 1,000-network
-OptuNet zoo (min-mass, collapse, alignment, Table 1) and Table 1's sample sets (twelve posterior
-approximations and an HMC reference, with their base models). Filling them here, with progress bars,
+OptuNet zoo (min-mass, collapse, alignment, Table 1), Table 1's sample sets (twelve posterior
+approximations and an HMC reference, with their base models), and the converged posterior of a small MLP
+with its own Table 1 (chapter "Against the true posterior"). Filling them here, with progress bars,
 before the chapters run means that no chapter cell, and so no nbval cell with its per-cell time-out,
 carries minutes of training: the chapters then only load (and check) what is cached. A cache that is
 already complete is checked and left alone; a damaged chunk is retrained (:func:`symlib.zoo.load_or_train`).
@@ -32,7 +33,7 @@ def _say(text: str) -> None:
 
 
 def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, table1: bool = True,
-         progress: bool = True) -> None:
+         progress: bool = True, true_posterior: bool | None = None) -> None:
     """Train (or check) the shared OptuNet zoo at ``scale`` and, with ``table1``, produce (or check)
     Table 1's sample sets exactly as the chapter asks for them (``notebooks/table1.md``: preset
     ``mnist-optunet``, every method one-mode and multi-mode, DE and the HMC reference, run seed ``seed``).
@@ -42,6 +43,8 @@ def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, table1: bool = 
         seed: the chapters' ``seed`` parameter (0 in the book).
         table1: also the sample sets of Table 1.
         progress: progress bars (on stderr).
+        true_posterior: also the reference posterior and the sample sets of chapter "Against the true
+            posterior" (:func:`symlib.paper.truth.fill`); ``None``: as ``table1``.
     """
     _scales.check_scale(scale)
     cfg = zoo.preset(PRESET, scale)
@@ -55,8 +58,17 @@ def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, table1: bool = 
     t0 = time.perf_counter()
     zoo.load_or_train(cfg, device=device, progress=progress)  # checks every chunk, repairs damage
     _say(f"   ready in {time.perf_counter() - t0:.0f} s")
-    if not table1:
-        return
+    if table1:
+        _table1_sets(scale, device, seed, cfg, progress)
+    if table1 if true_posterior is None else true_posterior:
+        from symlib.paper import truth
+
+        _say(f"== the true posterior of a {truth.HIDDEN} MLP on projected digits and its Table 1 ({scale})")
+        took = truth.fill(scale, device, seed, progress)
+        _say("   ready in " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
+
+
+def _table1_sets(scale: str, device: str, seed: int, cfg, progress: bool) -> None:
     from symlib.paper import table1 as _table1
     from symlib.posteriors import sampling
 
@@ -78,10 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0, help="the chapters' seed parameter (default 0)")
     p.add_argument("--no-table1", action="store_true", help="only the zoo, not Table 1's sample sets")
+    what = "the reference posterior and sample sets of chapter 'Against the true posterior'"
+    p.add_argument("--true-posterior", action="store_true", default=None, dest="true_posterior",
+                   help=f"{what} (default: with Table 1's sets)")
+    p.add_argument("--no-true-posterior", action="store_false", dest="true_posterior", help=f"not {what}")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     try:
-        fill(args.scale, args.device, args.seed, table1=not args.no_table1, progress=not args.no_progress)
+        fill(args.scale, args.device, args.seed, table1=not args.no_table1, progress=not args.no_progress,
+             true_posterior=args.true_posterior)
     except (store.StoreError, ValueError, TypeError, RuntimeError, FloatingPointError) as e:
         print(f"symlib.paper.caches: error: {e}", file=sys.stderr)
         return 2

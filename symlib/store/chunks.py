@@ -231,7 +231,7 @@ def sample_records(
     fix: str,
 ) -> list[dict[str, int]]:
     """The sample records (``index``, ``mode``) of a posterior chunk's header, checked to be samples
-    ``start .. stop - 1`` (the chunk its file name says) and, given ``n_per_mode``, of modes
+    ``start`` to ``stop - 1`` (the chunk its file name says) and, given ``n_per_mode``, of modes
     ``index // n_per_mode`` (mode-major sets).
 
     Raises:
@@ -265,7 +265,7 @@ def check_tensors(
     fix: str = "",
 ) -> None:
     """Check the tensors of a chunk against the shapes of one network: the same names, shapes
-    ``(rows, *shape)`` and finite floating values.
+    ``(rows,) + shape`` and finite floating values.
 
     Args:
         path: the chunk (for the message).

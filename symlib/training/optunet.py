@@ -27,6 +27,9 @@ chosen by :func:`step_function`):
   unless ``tf32=True``), the CUDA default.
 
 Tests check the gradients against autograd and the implementations against each other in float64.
+
+:data:`STACKED_GRADS` also registers ``"mlp-classifier"``, the stacked ReLU MLP classifiers of
+:mod:`symlib.training.mlp` (batched products, the same function on every device).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from symlib.params import Params
+from symlib.training import mlp as _mlp
 
 __all__ = [
     "OPTUNET_SHAPES",
@@ -250,7 +254,7 @@ def optunet_loss_grads(
     return loss, grads
 
 
-STACKED_GRADS = {"optunet": optunet_loss_grads}
+STACKED_GRADS = {"optunet": optunet_loss_grads, "mlp-classifier": _mlp.mlp_loss_grads}
 
 
 @contextlib.contextmanager
@@ -312,7 +316,7 @@ def optunet_loss_grads_native(
 
 STACKED_IMPLS = {
     "matmul": STACKED_GRADS,
-    "conv": {"optunet": _optunet_loss_grads_conv},
+    "conv": {"optunet": _optunet_loss_grads_conv, "mlp-classifier": _mlp.mlp_loss_grads},
     "native": {"optunet": optunet_loss_grads_native},
 }
 

@@ -269,7 +269,23 @@ def minibatches(
 
 
 def cutter(x: torch.Tensor, recipe: Recipe) -> Callable:
+    """How the batches of :func:`minibatches` are cut out of the (padded) training inputs: windows of
+    images ``(N, C, H, W)`` (:func:`crop_rows` for one channel without flips, else :func:`crop`), or the
+    rows themselves for inputs that are not images (vectors ``(N, d)``: no augmentation, a clear error if
+    the recipe asks for one)."""
+    if x.ndim != 4:
+        if recipe.crop_padding or recipe.flip:
+            raise ValueError(
+                f"random crops and flips need images (N, C, H, W), got inputs of shape {tuple(x.shape)}; "
+                "use a recipe with crop_padding=0 and flip=False"
+            )
+        return _rows
     return crop_rows if x.shape[1] == 1 and not recipe.flip else crop
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor, aug: torch.Tensor, size: int) -> torch.Tensor:
+    """The inputs ``idx`` as they are (``aug`` and ``size`` unused): batches of vectors."""
+    return x[idx]
 
 
 def batch_plans(seeds: Sequence[int], n: int, recipe: Recipe, epochs: int | None, device: torch.device):

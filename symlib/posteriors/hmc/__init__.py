@@ -170,7 +170,7 @@ def _base_models(setup: Setup, seeds: list[int], progress: bool) -> Params:
     """Warm starts: the recipe's SGD from PyTorch's initialisation,
     :func:`symlib.training.stacked.train_stacked`."""
     init = _train.init_params(setup.make_model, seeds)
-    if setup.arch in _train.STACKED_GRADS:
+    if setup.arch == "optunet":  # the stacked fast paths; others go through torch.func
         bar = _progress.bar(setup.recipe.epochs, "hmc: base models", enabled=progress)
         out = _train.train_stacked(
             init,
@@ -243,7 +243,7 @@ def _draw(req: Request, **hyper) -> SampleSet:
         started = "trained here (setup.recipe, train_stacked)"
     else:
         started = "given"
-    if setup.arch in _train.STACKED_GRADS:
+    if setup.arch == "optunet":  # the stacked fast paths; others go through torch.func
         names = list(_train.OPTUNET_SHAPES)
         missing = set(names) - set(base)
         if missing:
@@ -252,7 +252,8 @@ def _draw(req: Request, **hyper) -> SampleSet:
         shapes = dict(_train.OPTUNET_SHAPES)
     else:
         warnings.warn(
-            f"no stacked gradient for {setup.arch!r}: HMC falls back to torch.func (slower)", stacklevel=2
+            f"HMC has a stacked path for OptuNet only: {setup.arch!r} falls back to torch.func (slower)",
+            stacklevel=2
         )
         potential, shapes = module_potential(setup.make_model, setup.x, setup.y, lam, cfg.grad_chunk)
     start = {k: base[k].to(setup.device, setup.x.dtype) for k in shapes}
@@ -321,7 +322,16 @@ def _draw(req: Request, **hyper) -> SampleSet:
     )
 
 
-METHOD = Method("hmc", _draw, base="optional", hyper=tuple(f.name for f in dataclasses.fields(Config)))
+def _check(**hyper) -> None:
+    """The values of HMC's hyper-parameters (:class:`Config`'s checks, on the ``cpu`` preset)."""
+    try:
+        dataclasses.replace(preset("cpu"), **hyper)
+    except TypeError as e:  # a value of the wrong type (a string for a number)
+        raise ValueError(f"hmc hyper-parameters {hyper}: a value of the wrong type ({e})") from None
+
+
+METHOD = Method("hmc", _draw, base="optional", hyper=tuple(f.name for f in dataclasses.fields(Config)),
+                check=_check)
 
 
 sample = METHOD.sampler()

@@ -39,15 +39,15 @@ def polish(setup: Setup, start: Params, seeds: list[int], potential: Potential, 
            block: int = 10, tol: float = 0.005, progress: bool = False) -> tuple[Params, dict[str, Any]]:
     r"""SGD on :math:`U / N = \bar L + \tfrac{wd}{2}|\theta|^2` without augmentation (the recipe's final
     learning rate and momentum), ``block`` epochs at a time, until :math:`U / N` of every chain falls by
-    less than ``tol`` over a block, or ``max_epochs``. Stacked architectures only (others are returned as
-    given). Returns the polished weights and ``{"epochs", "trace" (U / N per chain after each block),
+    less than ``tol`` over a block, or ``max_epochs``. OptuNet only (others are returned as given).
+    Returns the polished weights and ``{"epochs", "trace" (U / N per chain after each block),
     "seconds"}``."""
     t0 = time.perf_counter()
     n = setup.n_train
     names = list(start)
     flat = torch.cat([start[k].flatten(1) for k in names], 1)
     trace = [(potential(flat)[0] / n).tolist()]
-    if setup.arch not in _train.STACKED_GRADS or max_epochs == 0:
+    if setup.arch != "optunet" or max_epochs == 0:
         return start, {"epochs": 0, "trace": trace, "seconds": 0.0}
     rec = dataclasses.replace(setup.recipe, epochs=block, lr=setup.recipe.lr_at(setup.recipe.epochs - 1),
                               milestones=(), schedule="step", crop_padding=0, flip=False)

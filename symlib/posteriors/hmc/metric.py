@@ -13,6 +13,9 @@ scale, so one step size and a few leapfrog steps cross the widest and the narrow
 * :class:`Dense`: one dense :math:`M = L L^\top` per chain (its Cholesky factor); :func:`from_curvature`
   builds it from a curvature :math:`H` (e.g. the GGN of the likelihood) plus the prior's precision,
   :math:`M = H + \lambda I`, the precision of the Laplace approximation at the chain's start.
+* :class:`DenseCovariance`: one dense :math:`M = \Sigma^{-1}` per chain given by :math:`\Sigma`, an estimated
+  covariance of the target (the adapted metric of :mod:`symlib.posteriors.hmc.ladder`): the velocity
+  :math:`\Sigma p` is one product, with no triangular solve per leapfrog step.
 
 Every metric works on stacked chains ``(C, D)``: ``momentum`` draws :math:`p`, ``velocity`` is
 :math:`M^{-1} p` and ``kinetic`` :math:`K(p)` per chain.
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Dense", "Diagonal", "Identity", "Metric", "from_curvature"]
+__all__ = ["Dense", "DenseCovariance", "Diagonal", "Identity", "Metric", "from_curvature"]
 
 
 class Metric:
@@ -103,6 +106,36 @@ class Dense(Metric):
 
     def describe(self):
         return {"mass_matrix": self.name, **self.info}
+
+
+class DenseCovariance(Metric):
+    r"""A dense :math:`M = \Sigma^{-1}` per chain, given by ``cov`` :math:`\Sigma` ``(C, D, D)`` (symmetric
+    positive definite): momenta :math:`p = A z` with :math:`A A^\top = \Sigma^{-1}` (computed once),
+    velocity :math:`\Sigma p`, kinetic energy :math:`\tfrac12 p^\top \Sigma p`."""
+
+    name = "dense covariance"
+
+    def __init__(self, cov: torch.Tensor):
+        if cov.ndim != 3 or cov.shape[1] != cov.shape[2]:
+            raise ValueError(f"a dense covariance metric needs (chains, D, D), got {tuple(cov.shape)}")
+        self.cov = 0.5 * (cov + cov.transpose(1, 2))
+        chol, bad = torch.linalg.cholesky_ex(self.cov)
+        if bool((bad != 0).any()):
+            raise ValueError(f"the covariance of chain(s) {bad.nonzero().flatten().tolist()} is not positive "
+                             "definite; regularise it (add a multiple of the identity)")
+        # A = L^{-T} for Sigma = L L^T: A A^T = L^{-T} L^{-1} = Sigma^{-1}
+        eye = torch.eye(cov.shape[1], dtype=cov.dtype, device=cov.device).expand_as(chol)
+        self.factor = torch.linalg.solve_triangular(chol.transpose(1, 2), eye, upper=True)
+
+    def momentum(self, shape, gen, dtype, device):
+        z = super().momentum(shape, gen, self.cov.dtype, self.cov.device)
+        return torch.bmm(self.factor, z[..., None])[..., 0].to(dtype)
+
+    def velocity(self, p):
+        return torch.bmm(self.cov, p.to(self.cov.dtype)[..., None])[..., 0].to(p.dtype)
+
+    def take(self, index):
+        return DenseCovariance(self.cov[index])
 
 
 def from_curvature(curvature: torch.Tensor, prior_precision: float, info: dict | None = None) -> Dense:

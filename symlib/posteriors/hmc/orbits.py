@@ -35,7 +35,7 @@ from symlib.symmetry import ops
 from symlib.symmetry.canonical import scale_order
 from symlib.symmetry.spec import Spec, SymmetryError
 
-__all__ = ["ScalingMoves"]
+__all__ = ["ScalingMoves", "SoftmaxShift"]
 
 
 class ScalingMoves:
@@ -141,3 +141,57 @@ class ScalingMoves:
                 n_steps += 1
             th = th * torch.exp(t @ powers)
         return th.to(device, dtype), acc / max(n_steps, 1)
+
+
+class SoftmaxShift:
+    r"""Exact moves along the softmax shift of a classifier's last layer, on flat stacked weights ``(C, D)``
+    (book: chapter "Against the true posterior").
+
+    Adding :math:`c + a^\top h` to every logit leaves the softmax unchanged, so the likelihood is constant
+    along the directions that add :math:`a_j` to every row of column :math:`j` of the last weight matrix
+    :math:`W` (``(classes, width)``) and :math:`c` to every entry of its bias: an :math:`r = \mathrm{width}
+    + 1` dimensional subspace :math:`V` with orthonormal basis :math:`U` (``(D, r)``, entries
+    :math:`1 / \sqrt{\mathrm{classes}}`). Under an isotropic Gaussian prior :math:`\mathcal N(0,
+    \lambda^{-1} I)` the posterior (and every tempered one) factorises into the component
+    :math:`U^\top \theta` in :math:`V`, distributed as :math:`\mathcal N(0, \lambda^{-1} I_r)`, and the
+    rest, so redrawing the component from that law is an exact Gibbs step that costs nothing and leaves
+    the likelihood unchanged.
+
+    Args:
+        shapes: ``name -> shape`` of the flat vector's tensors, in order.
+        prior_precision: :math:`\lambda`.
+        weight, bias: the last layer's tensors (default ``"fc.weight"``, ``"fc.bias"``).
+    """
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], prior_precision: float, weight: str = "fc.weight",
+                 bias: str = "fc.bias"):
+        if weight not in shapes or bias not in shapes:
+            raise ValueError(f"no last layer {weight!r} / {bias!r} among {sorted(shapes)}")
+        if not (prior_precision > 0 and math.isfinite(prior_precision)):
+            raise ValueError(f"prior_precision must be positive and finite, got {prior_precision!r}")
+        offsets, start = {}, 0
+        for k, sh in shapes.items():
+            offsets[k] = start
+            start += math.prod(sh)
+        k_out, width = shapes[weight]
+        if tuple(shapes[bias]) != (k_out,):
+            raise ValueError(f"{bias!r} has shape {shapes[bias]}, expected ({k_out},)")
+        basis = torch.zeros(start, width + 1, dtype=torch.float64)
+        rows = torch.arange(k_out)
+        for j in range(width):
+            basis[offsets[weight] + rows * width + j, j] = 1.0 / math.sqrt(k_out)
+        basis[offsets[bias] + rows, width] = 1.0 / math.sqrt(k_out)
+        self.basis, self.lam = basis, float(prior_precision)
+
+    def project_out(self, theta: torch.Tensor) -> torch.Tensor:
+        """``theta`` without its component in the shift subspace (any leading axes)."""
+        u = self.basis.to(theta.dtype)
+        return theta - (theta @ u) @ u.T
+
+    def __call__(self, theta: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The component of every chain's ``theta (C, D)`` in the shift subspace redrawn from the prior;
+        returns ``(theta', acceptance)`` (always 1: an exact Gibbs step)."""
+        fresh = torch.randn(theta.shape[0], self.basis.shape[1], generator=gen, dtype=torch.float64)
+        u = self.basis.to(theta.dtype)
+        out = self.project_out(theta) + (fresh.to(theta.dtype) / math.sqrt(self.lam)) @ u.T
+        return out, torch.ones(theta.shape[0], dtype=torch.float64)

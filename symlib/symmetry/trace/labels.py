@@ -142,7 +142,7 @@ class UnionFind:
         return x
 
     def parity(self, x: str) -> bool:
-        """Whether ``x`` sits on the opposite side of its class's root (after :meth:`find`)."""
+        """Whether ``x`` sits on the opposite side of its class's root (after ``find``)."""
         self.find(x)
         return False if self.parent[x] == x else self.odd[x]
 

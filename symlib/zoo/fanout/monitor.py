@@ -99,7 +99,7 @@ def status(path: str | os.PathLike, jobs: dict[int, Any] | None = None) -> Statu
             (:class:`symlib.zoo.fanout.Fanout`).
 
     Raises:
-        ZooError: no fan-out there.
+        symlib.store.files.StoreError: no fan-out there.
     """
     path = Path(path)
     work = path if (path / PLAN).exists() else work_dir(path)

@@ -1,0 +1,107 @@
+r"""The figures of chapter "Against the true posterior": the convergence frontier (parameters against the
+CPU time a certified posterior takes) and every approximation's distance to the deep-ensemble target
+against its distance to the true posterior. Computed numbers in, a matplotlib figure out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+
+from symlib.plotting import style as _style  # noqa: F401  (sets the book's plotting style)
+
+__all__ = ["frontier", "two_targets"]
+
+
+def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
+    r"""Parameters against sampler CPU seconds to a certified posterior (:math:`\hat R < 1.01`, bulk and
+    tail ESS :math:`\ge 400` on canonical forms and invariant functionals), one point per size of
+    :func:`symlib.paper.frontier.sweep`.
+
+    A converged size is a filled marker at the CPU time of its first passing check (one hidden layer:
+    circles, two: squares); a size that did not converge is an open marker at the CPU time it spent, with
+    an arrow to the right (its time to convergence is larger), annotated with its worst :math:`\hat R`.
+    The right panel shows, per size, the worst :math:`\hat R` on canonical forms at every check against
+    the CPU time, with the threshold 1.01.
+
+    Args:
+        rows: the ``"sizes"`` of :func:`symlib.paper.frontier.results`.
+        budget: the CPU budget (a vertical line), or ``None``.
+
+    Returns:
+        The figure.
+    """
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, r in enumerate(rows):
+        depth = len(r["hidden"])
+        marker = "o" if depth == 1 else "s"
+        colour = colours[i % len(colours)]
+        label = "-".join(str(h) for h in r["hidden"])
+        if r["converged"]:
+            x = r["converged_at"]["cpu_s"]
+            ax.plot(x, r["n_params"], marker=marker, ms=8, color=colour, ls="none")
+        else:
+            x = r["cpu_s"]
+            ax.plot(x, r["n_params"], marker=marker, ms=8, mfc="white", color=colour, ls="none")
+            ax.annotate("", xy=(x * 1.6, r["n_params"]), xytext=(x, r["n_params"]),
+                        arrowprops={"arrowstyle": "->", "color": colour})
+            worst = r["last"]["canonical"]["rhat_max"] if r.get("last") else float("nan")
+            label += rf" ($\hat R$ {worst:.2f})"
+        ax.annotate(label, (x, r["n_params"]), textcoords="offset points", xytext=(6, 5), fontsize=8)
+        checks = r.get("checks") or []
+        if checks:
+            bx.plot([c["cpu_s"] for c in checks], [c["canonical"]["rhat_max"] for c in checks], marker=marker,
+                    ms=3, color=colour, label="-".join(str(h) for h in r["hidden"]))
+    ax.set(xscale="log", yscale="log", xlabel="sampler CPU seconds to convergence",
+           ylabel="parameters", title="the convergence frontier")
+    ax.plot([], [], "ko", label="one hidden layer")
+    ax.plot([], [], "ks", label="two hidden layers")
+    ax.plot([], [], "ko", mfc="white", label="not converged (time spent)")
+    if budget is not None:
+        ax.axvline(budget, color="0.5", ls=":", lw=1)
+        bx.axvline(budget, color="0.5", ls=":", lw=1)
+    ax.legend(fontsize=8, loc="upper left")
+    bx.axhline(1.01, color="0.3", lw=0.8, ls="--")
+    bx.set(xscale="log", yscale="log", xlabel="sampler CPU seconds",
+           ylabel=r"worst $\hat R$, canonical forms",
+           title="the chains judged every segment")
+    bx.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def two_targets(frame, columns: Sequence[str] = ("MMD", "NS")):
+    r"""Every approximation's distance to the deep-ensemble target (horizontal) against its distance to the
+    true posterior (vertical), one panel per column, with both bootstrap intervals.
+
+    Args:
+        frame: indexed by ``(method, modes)``, with ``"<column> to target"`` and ``"<column> to HMC"`` and
+            their ``_lo`` / ``_hi`` bounds for each of ``columns`` (:math:`100 \times` the MMD).
+        columns: ``"MMD"`` (raw weights) and ``"NS"`` (symmetries removed).
+
+    Returns:
+        The figure; a perfect agreement of the two rankings is a monotone cloud.
+    """
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    methods = list(dict.fromkeys(frame.index.get_level_values(0)))
+    fig, axs = plt.subplots(1, len(columns), figsize=(5 * len(columns), 4.2), squeeze=False)
+    for ax, col in zip(axs[0], columns, strict=True):
+        for (method, modes), row in frame.iterrows():
+            c = colours[methods.index(method) % len(colours)]
+            x, y = row[f"{col} to target"], row[f"{col} to HMC"]
+            xerr = [[max(x - row[f"{col} to target_lo"], 0)], [max(row[f"{col} to target_hi"] - x, 0)]]
+            yerr = [[max(y - row[f"{col} to HMC_lo"], 0)], [max(row[f"{col} to HMC_hi"] - y, 0)]]
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt={"one-mode": "o", "multi-mode": "s"}.get(modes, "D"),
+                        color=c, ms=6, capsize=2, lw=1, label=f"{method} ({modes})")
+        ax.set(xscale="symlog", yscale="symlog", xlabel=rf"{col} $\times$ 100 to the DE target",
+               ylabel=rf"{col} $\times$ 100 to the true posterior",
+               title={"MMD": "raw weights", "NS": "symmetries removed"}.get(col, col))
+        ax.axhline(0, color="0.6", lw=0.6)
+        ax.axvline(0, color="0.6", lw=0.6)
+    handles, labels = axs[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, -0.08))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
