@@ -50,3 +50,20 @@ def test_default_chapters_are_every_notebook_once():
     out = show("$(CHAPTERS)")
     assert sorted(out) == sorted(p.stem for p in (ROOT / "notebooks").glob("*.md"))
     assert len(out) == len(set(out))
+
+
+@pytest.mark.parametrize("ncpu", [1, 2, 3, 16])
+def test_unit_workers_never_oversubscribe(ncpu):
+    workers, threads = (int(v) for v in show("$(UNIT_WORKERS) $(UNIT_THREADS)", NCPU=str(ncpu)))
+    assert 1 <= workers <= ncpu and threads >= 1 and workers * threads <= ncpu
+
+
+def test_nbval_runs_every_chapter_in_the_lanes_of_make_chapters():
+    """`make nbval` checks each chapter once, LANES at a time, with the lanes' thread count (dry run)."""
+    cmd = ["make", "-n", "--no-print-directory", "nbval", "NCPU=2", "CACHES_READY=1"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    script = run.stdout
+    assert "xargs -P 2 -I{}" in script and "OMP_NUM_THREADS=1" in script
+    assert "--nbval-lax" in script and "book/{}.ipynb" in script
+    chapters = show("$(CHAPTERS)")
+    assert f"nbval over {len(chapters)} chapter(s)" in script
