@@ -10,10 +10,10 @@ SCALE  ?= cpu
 DEVICE ?= cpu
 ALL_CHAPTERS := $(basename $(notdir $(wildcard notebooks/*.md)))
 # Longest first (measured at scale=cpu), so that parallel lanes end together; chapters not listed run last.
-LONGEST_FIRST := table1 transformers alignment collapse own_network toy minmass permfreq architectures marginals
+LONGEST_FIRST := table1 true_posterior transformers alignment collapse own_network toy minmass permfreq architectures marginals
 CHAPTERS ?= $(filter $(ALL_CHAPTERS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_CHAPTERS))
 # Chapters that load the shared caches (make zoo); table1 also loads its sample sets.
-ZOO_CHAPTERS := minmass table1 collapse alignment transformers
+ZOO_CHAPTERS := minmass table1 true_posterior collapse alignment transformers
 # Chapters run in LANES parallel lanes, JOBS at most (default: 2 on a CPU, since many cells are small
 # operations that one core runs as fast as two and kernel start-up is serial; 1 on a GPU), never more
 # lanes than chapters or cores; each lane gets NCPU / LANES intra-op threads (torch, OpenMP, BLAS), so
@@ -103,7 +103,8 @@ book:
 # train the same zoo at once; CACHES_READY=1 skips that when `make zoo` has just done it (make book, make test).
 CHECK_CACHES = $(if $(CACHES_READY),echo "== the shared caches: checked by make zoo",\
   $(if $(filter $(ZOO_CHAPTERS),$(CHAPTERS)),$(PY) -m symlib.paper.caches --scale $(SCALE) --device $(DEVICE) \
-  $(if $(filter table1,$(CHAPTERS)),,--no-table1)))
+  $(if $(filter table1,$(CHAPTERS)),,--no-table1) \
+  $(if $(filter true_posterior,$(CHAPTERS)),--true-posterior,--no-true-posterior)))
 chapters: $(VENV)/.installed
 	mkdir -p $(BUILD)/nb book $(MPLCONFIGDIR) $(IPYTHONDIR)
 	$(CHECK_CACHES)

@@ -31,6 +31,7 @@ CHAPTERS: dict[str, tuple[str, int, float, tuple[str, ...]]] = {
     "alignment": ("Aligning variational\nposteriors", 3, 3.5, ("table1",)),
     "own_network": ("symlib on your\nown network", 4, 1.75, ("minmass", "alignment")),
     "transformers": ("Transformers: no\nscalings", 4, 3.0, ("collapse", "permfreq", "own_network")),
+    "true_posterior": ("Against the true\nposterior", 3, 4.5, ("table1",)),
 }
 RC = {"svg.fonttype": "none", "svg.hashsalt": "symlib-course-map", "font.size": 10}
 # The chapters that load the cached 1,000-network OptuNet zoo (the first one to run trains it).
@@ -45,7 +46,8 @@ def draw():
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    fig, ax = plt.subplots(figsize=(12.0, 4.6))
+    bottom = max(row for _, _, row, _ in CHAPTERS.values())
+    fig, ax = plt.subplots(figsize=(12.0, 1.0 + 0.8 * (bottom + 1)))
     w, h, dx, dy = 1.55, 0.64, 2.15, 1.0
     pos = {name: (col * dx, -row * dy) for name, (_, col, row, _) in CHAPTERS.items()}
 
@@ -66,7 +68,7 @@ def draw():
             "gold box: loads the cached 1,000-network OptuNet zoo\n(the first of them to run trains it)",
             ha="left", va="center", fontsize=9, color="#4a4a4a", linespacing=1.3)
     ax.set_xlim(-w / 2 - 0.1, 4 * dx + w / 2 + 0.1)
-    ax.set_ylim(-3.5 * dy - h / 2 - 0.1, h / 2 + 0.1)
+    ax.set_ylim(-bottom * dy - h / 2 - 0.1, h / 2 + 0.1)
     ax.set_aspect("equal")
     ax.axis("off")
     fig.tight_layout(pad=0.2)

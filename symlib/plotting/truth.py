@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 
 from symlib.plotting import style as _style  # noqa: F401  (sets the book's plotting style)
 
@@ -56,6 +58,9 @@ def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
                     ms=3, color=colour, label="-".join(str(h) for h in r["hidden"]))
     ax.set(xscale="log", yscale="log", xlabel="sampler CPU seconds to convergence",
            ylabel="parameters", title="the convergence frontier")
+    sizes = sorted({r["n_params"] for r in rows})
+    ax.set_yticks(sizes, [str(v) for v in sizes])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.plot([], [], "ko", label="one hidden layer")
     ax.plot([], [], "ks", label="two hidden layers")
     ax.plot([], [], "ko", mfc="white", label="not converged (time spent)")
@@ -67,7 +72,14 @@ def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
     bx.set(xscale="log", yscale="log", xlabel="sampler CPU seconds",
            ylabel=r"worst $\hat R$, canonical forms",
            title="the chains judged every segment")
+    bx.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
+    bx.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
     bx.legend(fontsize=7, ncol=2)
+    for a in (ax, bx):
+        lo, hi = a.get_xlim()
+        a.set_xticks([t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= t <= hi])
+        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
     return fig
 
@@ -82,7 +94,9 @@ def two_targets(frame, columns: Sequence[str] = ("MMD", "NS")):
         columns: ``"MMD"`` (raw weights) and ``"NS"`` (symmetries removed).
 
     Returns:
-        The figure; a perfect agreement of the two rankings is a monotone cloud.
+        The figure; a perfect agreement of the two rankings is a monotone cloud. The vertical axis is
+        logarithmic when every distance to the posterior is positive (else symmetric-logarithmic), the
+        horizontal one symmetric-logarithmic (a deep ensemble sits at 0 from the target).
     """
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     methods = list(dict.fromkeys(frame.index.get_level_values(0)))
@@ -95,11 +109,21 @@ def two_targets(frame, columns: Sequence[str] = ("MMD", "NS")):
             yerr = [[max(y - row[f"{col} to HMC_lo"], 0)], [max(row[f"{col} to HMC_hi"] - y, 0)]]
             ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt={"one-mode": "o", "multi-mode": "s"}.get(modes, "D"),
                         color=c, ms=6, capsize=2, lw=1, label=f"{method} ({modes})")
-        ax.set(xscale="symlog", yscale="symlog", xlabel=rf"{col} $\times$ 100 to the DE target",
+        low = frame[[f"{col} to HMC", f"{col} to HMC_lo"]].to_numpy(float)
+        high = frame[f"{col} to HMC_hi"].to_numpy(float)
+        positive = low[np.isfinite(low) & (low > 0)]
+        if positive.size == low[np.isfinite(low)].size and positive.size:  # a log axis shows them all
+            ax.set_yscale("log")
+            ax.set_ylim(0.7 * positive.min(), 1.4 * np.nanmax(high))
+        else:  # a distance at or below 0 (small sets): symmetric-logarithmic, with the zero line
+            ax.set_yscale("symlog")
+            ax.axhline(0, color="0.6", lw=0.6)
+        ax.set(xscale="symlog", xlabel=rf"{col} $\times$ 100 to the DE target",
                ylabel=rf"{col} $\times$ 100 to the true posterior",
                title={"MMD": "raw weights", "NS": "symmetries removed"}.get(col, col))
-        ax.axhline(0, color="0.6", lw=0.6)
         ax.axvline(0, color="0.6", lw=0.6)
+        for a in (ax.xaxis, ax.yaxis):
+            a.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     handles, labels = axs[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, -0.08))

@@ -24,3 +24,22 @@ def test_fill_trains_once_then_only_checks(tmp_path, monkeypatch, capsys):
     assert "(cached: checking it)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         caches.main(["--scale", "huge"])
+
+
+def test_the_true_posterior_caches_follow_their_flags(tmp_path, monkeypatch):
+    """`make zoo` fills the caches of chapter "Against the true posterior" with Table 1's sets by default;
+    --no-true-posterior and --true-posterior override that (make chapters passes them for the chapters it
+    runs)."""
+    from symlib.paper import truth
+
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(truth, "fill", lambda scale, device, seed, progress: calls.append(scale) or {})
+    monkeypatch.setattr(caches, "_table1_sets", lambda *a, **k: None)
+    monkeypatch.setattr(zoo, "load_or_train", lambda *a, **k: None)
+    for argv, expected in ((["--scale", "tiny"], 1), (["--scale", "tiny", "--no-true-posterior"], 0),
+                           (["--scale", "tiny", "--no-table1"], 0),
+                           (["--scale", "tiny", "--no-table1", "--true-posterior"], 1)):
+        calls.clear()
+        assert caches.main([*argv, "--no-progress"]) == 0
+        assert calls == ["tiny"] * expected, argv

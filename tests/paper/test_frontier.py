@@ -1,0 +1,117 @@
+"""The convergence frontier (symlib.paper.frontier) and its problem (symlib.paper.pca_digits): the data, a
+tiny run end to end, a killed run that resumes to the same draws, and the criterion it applies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from symlib import models, store
+from symlib.paper import frontier as F
+from symlib.paper import pca_digits as P
+from symlib.symmetry import check
+
+TINY = dataclasses.replace(P.PROBLEM, n_per_class=3, n_test=20, n_ood=20)
+SETTINGS = dataclasses.replace(F.SETTINGS, n_chains=2, n_leapfrog=3, warmup=(10, 10), levels=4, segment=10,
+                               budget=1e9, rounds=20, n_probe=4)
+
+
+def test_projected_digits():
+    """Components of unit variance on the 4,000 embedded training images, orthonormal directions, the first
+    digits of every class, test and OOD images through the same projection, a stable fingerprint."""
+    d = P.load(TINY)
+    assert d.x.shape == (30, 4) and d.x_test.shape == (20, 4) and d.x_ood.shape == (20, 4)
+    assert torch.bincount(d.y, minlength=10).tolist() == [3] * 10
+    torch.testing.assert_close(d.basis @ d.basis.T, torch.eye(4, dtype=torch.float64), atol=1e-10, rtol=0)
+    from symlib import data
+
+    full = d.project(data.load("mnist").x)
+    torch.testing.assert_close(full.std(0), torch.ones(4, dtype=torch.float64))
+    assert 0 < d.explained < 1
+    assert P.load(dataclasses.replace(TINY)).fingerprint == d.fingerprint
+    assert P.load(dataclasses.replace(TINY, n_per_class=4)).fingerprint != d.fingerprint
+    counted = sum(p.numel() for p in models.MLPClassifier((4, 8, 10)).parameters())
+    assert P.n_params((8,)) == 5 * 8 + 9 * 10 == counted
+
+
+def test_setup_and_likelihood():
+    """The setup's prior precision is 1 / sigma_p^2 (weight decay 1 / (N sigma_p^2)); the likelihood is the
+    summed cross-entropy of the module and its gradient."""
+    s = P.setup((3,), "tiny", problem=TINY)
+    assert s.arch == "mlp-classifier" and s.prior_precision == pytest.approx(1.0)
+    lik, shapes = P.likelihood((3,), TINY)
+    m = models.MLPClassifier(P.widths((3,), TINY)).double()
+    flat = torch.cat([p.detach().reshape(-1) for p in m.parameters()])[None]
+    loss, g = lik(flat)
+    ref = torch.nn.functional.cross_entropy(m(P.load(TINY).x), P.load(TINY).y, reduction="sum")
+    ref.backward()
+    torch.testing.assert_close(loss[0], ref.detach())
+    torch.testing.assert_close(g[0], torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+
+
+def test_a_tiny_run_and_its_checks(tmp_path):
+    r = F.run((2,), SETTINGS, tmp_path / "run", TINY)
+    m = r.manifest
+    assert m["done"] and m["segments"] == 2 and len(m["checks"]) == 2 and len(m["warmup"]) == 2
+    last = m["checks"][-1]
+    assert last["draws"] == 20 and set(last) >= {"raw", "canonical", "invariant", "sampler", "converged"}
+    rep = r.report()
+    assert last["converged"] == rep.converged(rhat=1.01, ess=400.0) and last["converged"] is False
+    assert rep["invariant"].names[:2] == ["potential", "test log-likelihood"]
+    assert len(rep["invariant"].names) == 6
+    # the stored canonical forms are canonical forms of the stored draws: same functions
+    seg = r.segments[0]
+    from symlib.params import unflatten
+    from symlib.training import mlp as tm
+
+    shapes = tm.shapes(P.widths((2,), TINY))
+    raw = unflatten(seg["draws"].reshape(-1, seg["draws"].shape[-1]), shapes)
+    can = unflatten(seg["canonical"].reshape(-1, seg["draws"].shape[-1]), shapes)
+    assert float(check.function_error(F.spec((2,), TINY), raw, can).max()) < 1e-9
+    row = F.summary(r)
+    assert row["n_params"] == P.n_params((2,), TINY) and row["converged"] is False
+
+
+def test_a_killed_run_resumes_to_the_same_draws(tmp_path):
+    """A run stopped after its first segment (what a killed run leaves) and resumed from its folder gives
+    the draws of an uninterrupted run, bit for bit; another run's folder is refused."""
+    whole = F.run((2,), SETTINGS, tmp_path / "whole", TINY).draws()["draws"]
+    first = F.Run((2,), SETTINGS, tmp_path / "half", TINY)
+    first.advance(max_segments=1)
+    assert first.manifest["segments"] == 1 and not first.manifest["done"]
+    del first
+    resumed = F.Run((2,), SETTINGS, tmp_path / "half", TINY)
+    assert resumed.manifest["segments"] == 1 and len(list((tmp_path / "half").glob("state-*"))) == 1
+    resumed.advance()
+    assert torch.equal(resumed.draws()["draws"], whole)
+    with pytest.raises(store.StoreError, match="another frontier run"):
+        F.Run((3,), SETTINGS, tmp_path / "whole", TINY)
+
+
+def test_sweep_writes_the_summary(tmp_path):
+    out = tmp_path / "frontier.json"
+    doc = F.sweep([(2,)], SETTINGS, tmp_path / "runs", out, TINY, progress=False)
+    read = F.results(out)
+    assert read["sizes"][0]["hidden"] == [2] and read["format"] == "symlib-frontier/1"
+    assert {"cpu", "logical_cpus", "date"} <= set(read["machine"]) and doc["sizes"] == read["sizes"]
+
+
+def test_committed_frontier_is_a_sweep_of_the_chapter_settings():
+    """The committed results are what `python -m symlib.paper.frontier` writes for the chapter's settings and
+    problem: every size of SIZES, and its converged sizes met the criterion at the check they record."""
+    doc = F.results()
+    assert doc["format"] == "symlib-frontier/1"
+    assert doc["settings"] == {**dataclasses.asdict(F.SETTINGS), "budget": doc["settings"]["budget"],
+                               "warmup": list(F.SETTINGS.warmup)}
+    assert [tuple(r["hidden"]) for r in doc["sizes"]] == [tuple(h) for h in F.SIZES]
+    for r in doc["sizes"]:
+        assert r["n_params"] == P.n_params(r["hidden"])
+        if r["converged"]:
+            hit = [c for c in r["checks"] if c["converged"]] if "checks" in r else [r["last"]]
+            assert hit and all(c["canonical"]["rhat_max"] < 1.01 and c["invariant"]["rhat_max"] < 1.01 and
+                               c["canonical"]["ess_min"] >= 400 and c["invariant"]["ess_min"] >= 400
+                               for c in hit[:1])
+        assert np.isfinite(r["cpu_s"])

@@ -1,0 +1,132 @@
+"""Table 1 against the true posterior (symlib.paper.truth): the MLP setup through every method of
+symlib.posteriors, the predictive comparisons of Izmailov et al. in closed form, and Kendall's tau with its
+bootstrap interval."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from symlib.paper import pca_digits as P
+from symlib.paper import table1, truth
+from symlib.posteriors import sampling
+from symlib.stats import mmd
+
+RECIPE = dataclasses.replace(P.PROBLEM.recipe, epochs=30, batch_size=10, milestones=(20,))
+TINY = dataclasses.replace(P.PROBLEM, n_per_class=4, n_test=30, n_ood=30, recipe=RECIPE)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return P.setup((3,), "tiny", problem=TINY)
+
+
+@pytest.mark.parametrize("entry", truth.plan("tiny"), ids=lambda e: f"{e.method}-{e.modes}")
+def test_every_method_takes_the_mlp_setup(setup, entry):
+    """Every row of the MLP's Table 1 runs through sampling.run on the stacked MLP setup: full state dicts of
+    MLPClassifier, the planned sizes, finite weights, and predictions that sum to one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="VI starts from BLiTZ")
+        s = sampling.run(entry.method, setup, entry.n_modes, entry.n_per_mode, 0, progress=False,
+                         **dict(entry.hyper))
+    ref = {k: tuple(v.shape) for k, v in setup.make_model().state_dict().items()}
+    assert {k: tuple(v.shape[1:]) for k, v in s.params.items()} == ref
+    assert s.n_samples == entry.n_samples and all(torch.isfinite(v).all() for v in s.params.values())
+    p = truth.probabilities(s, P.load(TINY).x_test)
+    assert p.shape == (entry.n_samples, 30, 10)
+    torch.testing.assert_close(p.sum(-1), torch.ones(entry.n_samples, 30, dtype=torch.float64))
+
+
+def test_dropout_on_the_mlp_zeroes_whole_feature_columns(setup):
+    s = sampling.run("dropout", setup, 1, 4, 0, progress=False, p=0.5)
+    w = s.params["fc.weight"]
+    dead = (w == 0).all(1)  # (samples, features): dropped features are whole zero columns
+    assert dead.any() and not dead.all()
+
+
+def test_predictive_agreement_closed_form():
+    """Two inputs, three classes: the averaged predictives agree on the first input only, and their total
+    variation is half the L1 distance, averaged over inputs."""
+    # mean over the two samples: (.5, .4, .1) and (.2, .5, .3)
+    p = torch.tensor([[[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]], [[0.4, 0.5, 0.1], [0.2, 0.5, 0.3]]])
+    q = torch.tensor([[[0.7, 0.2, 0.1], [0.1, 0.2, 0.7]]])
+    out = truth.predictive_agreement(p, q)
+    assert out["agreement"] == pytest.approx(50.0)
+    tv = 0.5 * (abs(0.5 - 0.7) + abs(0.4 - 0.2) + 0.0) / 2 + 0.5 * (0.1 + 0.3 + 0.4) / 2
+    assert out["total variation"] == pytest.approx(100 * tv)
+    assert truth.predictive_agreement(q, q) == {"agreement": 100.0, "total variation": 0.0}
+    with pytest.raises(ValueError, match="same inputs"):
+        truth.predictive_agreement(p, q[:, :1])
+
+
+def test_kendall_is_scipys_and_ranking_agreement_bootstraps_it(spec_sets):
+    g = np.random.default_rng(0)
+    a, b = g.normal(size=9), g.normal(size=9)
+    assert truth.kendall(a, b) == pytest.approx(stats.kendalltau(a, b).statistic)
+    assert truth.kendall(a, a) == pytest.approx(1.0) and truth.kendall(a, -a) == pytest.approx(-1.0)
+    assert np.isnan(truth.kendall([1.0], [2.0]))
+    lay, names = spec_sets
+    res = mmd.layered_table(lay, "target", names, ("raw",), n_bootstrap=30, seed=0)
+    same = truth.ranking_agreement(res, res, names)["raw"]
+    assert same["tau"] == pytest.approx(1.0) and same["low"] == pytest.approx(1.0)
+    assert same["replicates"] == 30
+    other = mmd.layered_table(lay, "other", names, ("raw",), n_bootstrap=30, seed=0)
+    out = truth.ranking_agreement(res, other, names)["raw"]
+    point = stats.kendalltau([float(res[(n, "raw")].value()) for n in names],
+                             [float(other[(n, "raw")].value()) for n in names])
+    assert out["tau"] == pytest.approx(point.statistic) and out["p"] == pytest.approx(point.pvalue)
+    assert -1 <= out["low"] <= out["high"] <= 1 and out["n"] == len(names)
+
+
+@pytest.fixture(scope="module")
+def spec_sets():
+    """Five sets of 3-3-10 MLPs at growing distances from a target, and an unrelated second target."""
+    from symlib import models
+    from symlib.symmetry import trace
+
+    g = torch.Generator().manual_seed(2)
+    shapes = {k: tuple(v.shape) for k, v in models.MLPClassifier((3, 3, 10)).state_dict().items()}
+
+    def draw(n, shift):
+        return {k: torch.randn(n, *s, generator=g, dtype=torch.float64) + shift for k, s in shapes.items()}
+
+    sets = {"target": draw(40, 0.0), "other": draw(40, 0.3), **{f"m{i}": draw(20, 0.2 * i) for i in range(5)}}
+    spec = trace.spec_of(models.MLPClassifier((3, 3, 10)).double(), (3,))
+    return mmd.layered(sets, spec, ("raw",)), [f"m{i}" for i in range(5)]
+
+
+def test_reference_set_takes_evenly_spaced_draws(tmp_path):
+    from symlib.paper import frontier as F
+
+    s = dataclasses.replace(truth.REFERENCE["tiny"], rounds=20, segment=10)
+    r = F.run((2,), s, tmp_path / "ref", TINY)
+    ref = truth.reference_set(r, 6)
+    d = r.draws()["draws"]
+    assert ref["fc.bias"].shape == (6, 10)
+    torch.testing.assert_close(ref["fc.bias"][2].double(), d[0, -1, -10:].float().double())  # last of chain 0
+    assert table1.Entry("ensemble", "target", truth.target_size("tiny"), 1).label == ("DE", "target")
+
+
+def test_the_chapters_defaults_are_what_make_zoo_caches():
+    """The chapter's parameters cell, at its defaults, asks for the reference that `make zoo` caches
+    (truth.REFERENCE["cpu"], the frontier's settings) and for the layout truth.HIDDEN."""
+    import re
+    from pathlib import Path
+
+    from symlib.paper import frontier as F
+
+    text = (Path(__file__).resolve().parents[2] / "notebooks/true_posterior.md").read_text()
+    cell = re.search(r":tags: \[parameters\]\n\n(.*?)```", text, re.S).group(1)
+    ns: dict = {}
+    exec(cell, ns)
+    settings = dataclasses.replace(F.SETTINGS, n_chains=ns["n_chains"], n_leapfrog=ns["n_leapfrog"],
+                                   warmup=tuple(ns["warmup"]), mass=ns["mass"], orbit_moves=ns["orbit_moves"],
+                                   shift_moves=ns["shift_moves"], budget=ns["frontier_budget"])
+    assert settings == F.SETTINGS
+    assert dataclasses.replace(settings, rounds=ns["reference_rounds"]) == truth.REFERENCE["cpu"]
+    assert tuple(ns["hidden"]) == truth.HIDDEN and ns["scale"] == "cpu"
