@@ -115,3 +115,23 @@ def test_committed_frontier_is_a_sweep_of_the_chapter_settings():
                                c["canonical"]["ess_min"] >= 400 and c["invariant"]["ess_min"] >= 400
                                for c in hit[:1])
         assert np.isfinite(r["cpu_s"])
+
+
+def test_committed_ablation_has_every_variant():
+    """The committed ablation (`python -m symlib.paper.frontier --ablation`) holds every variant of
+    ABLATIONS with the changes it names, on ABLATION_HIDDEN, each judged by the frontier's criterion; the
+    unchanged variant is the frontier's own run of that layout (the same CPU seconds)."""
+    doc = F.results(F.ABLATION)
+    assert tuple(doc["hidden"]) == F.ABLATION_HIDDEN
+    assert set(doc["variants"]) == set(F.ABLATIONS)
+    for name, v in doc["variants"].items():
+        assert v["changes"] == F.ABLATIONS[name], name
+        r = v["row"]
+        assert tuple(r["hidden"]) == F.ABLATION_HIDDEN and np.isfinite(r["cpu_s"])
+        if r["converged"]:
+            last = r["last"]
+            assert r["converged_at"]["cpu_s"] <= r["cpu_s"] + 1e-9
+            assert last["canonical"]["rhat_max"] < 1.01 or r["converged_at"]["draws"] < last["draws"]
+    base = doc["variants"][next(iter(F.ABLATIONS))]["row"]
+    sweep = next(r for r in F.results()["sizes"] if tuple(r["hidden"]) == F.ABLATION_HIDDEN)
+    assert base["cpu_s"] == sweep["cpu_s"]
