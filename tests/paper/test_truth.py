@@ -114,7 +114,8 @@ def test_reference_set_takes_evenly_spaced_draws(tmp_path):
 
 def test_the_chapters_defaults_are_what_make_zoo_caches():
     """The chapter's parameters cell, at its defaults, asks for the reference that `make zoo` caches
-    (truth.REFERENCE["cpu"], the frontier's settings) and for the layout truth.HIDDEN."""
+    (truth.REFERENCE["cpu"], the frontier's settings until converged within a budget) and for the layout
+    truth.HIDDEN."""
     import re
     from pathlib import Path
 
@@ -128,5 +129,7 @@ def test_the_chapters_defaults_are_what_make_zoo_caches():
                                    warmup=tuple(ns["warmup"]), mass=ns["mass"], orbit_moves=ns["orbit_moves"],
                                    shift_moves=ns["shift_moves"], budget=ns["frontier_budget"])
     assert settings == F.SETTINGS
-    assert dataclasses.replace(settings, rounds=ns["reference_rounds"]) == truth.REFERENCE["cpu"]
+    until_converged = dataclasses.replace(settings, rounds=None, budget=ns["reference_budget"])
+    assert until_converged == truth.REFERENCE["cpu"]
+    assert dataclasses.replace(settings, rounds=ns["reference_rounds"]) == truth.REFERENCE["paper"]
     assert tuple(ns["hidden"]) == truth.HIDDEN and ns["scale"] == "cpu"
