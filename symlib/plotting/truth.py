@@ -122,6 +122,9 @@ def two_targets(frame, columns: Sequence[str] = ("MMD", "NS")):
                ylabel=rf"{col} $\times$ 100 to the true posterior",
                title={"MMD": "raw weights", "NS": "symmetries removed"}.get(col, col))
         ax.axvline(0, color="0.6", lw=0.6)
+        right = np.nanmax(frame[f"{col} to target_hi"].to_numpy(float))
+        if np.isfinite(right) and right > 0:  # room for the farthest marker on the symlog axis
+            ax.set_xlim(right=1.6 * right)
         for a in (ax.xaxis, ax.yaxis):
             a.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     handles, labels = axs[0][0].get_legend_handles_labels()
