@@ -1,0 +1,202 @@
+r"""The convergence frontier: how large an MLP's posterior can be certified on two CPU cores (book: chapter
+"Against the true posterior"; beyond the paper).
+
+For each hidden layout of :data:`SIZES`, :func:`run` samples the posterior of the problem of
+:mod:`symlib.paper.pca_digits` with non-reversible parallel tempering down to the prior
+(:class:`symlib.posteriors.hmc.ladder.Ladder`) and judges the chains every ``segment`` rounds with the
+symmetry-aware diagnostics of :mod:`symlib.stats.convergence` on raw weights, canonical forms and
+invariant functionals (the potential, the test log-likelihood, the predictive probability of the true
+class of ``n_probe`` test digits). A size *converges* at the first check where, on the canonical and the
+invariant scales, every quantity has :math:`\hat R < 1.01` and bulk and tail ESS of at least 400
+(:meth:`symlib.stats.convergence.Report.converged`); the time it took is the sampler's CPU time (warm-up
+included, the diagnostics' own time excluded) and its wall time. A size that does not converge within
+``budget`` CPU seconds reports the diagnostics it reached.
+
+Every run is resumable and written atomically: ``<folder>/state-p<phase>-s<segments>.safetensors`` (the
+ladder after the last finished phase or segment, :meth:`~symlib.posteriors.hmc.ladder.Ladder.state_dict`),
+``segment-<i>.safetensors`` (the kept draws of the posterior's level, their canonical forms and their
+invariant functionals) and ``manifest.json`` (settings, progress, every check). A killed run restarts
+from its last file with exactly the rounds it would have run. :func:`sweep` runs every size and writes the
+summary :func:`results` reads; ``python -m symlib.paper.frontier`` is its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from symlib import store
+from symlib.paper import pca_digits as _pd
+from symlib.paper.frontier.runs import SETTINGS, Run, Settings, functionals, judge, run, spec
+
+__all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "RESULTS", "SETTINGS", "SIZES", "Run", "Settings",
+           "ablation", "functionals", "judge", "machine", "main", "results", "run", "spec", "summary",
+           "sweep"]
+
+SIZES: tuple[tuple[int, ...], ...] = ((2,), (4,), (8,), (16,), (32,), (2, 2), (4, 4), (8, 8), (16, 16))
+"""The hidden layouts of the frontier: one and two hidden layers of growing width."""
+
+RESULTS = Path(__file__).parents[1] / "results" / "frontier.json"
+"""The committed frontier (machine, date and command recorded inside)."""
+
+ABLATION = Path(__file__).parents[1] / "results" / "ablation.json"
+"""The committed ablation of the sampler's settings on :data:`ABLATION_HIDDEN` (:func:`ablation`)."""
+
+ABLATION_HIDDEN: tuple[int, ...] = (2,)
+"""The layout the ablation runs on: the smallest of the frontier."""
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "the chapter's settings": {},
+    "no softmax-shift moves": {"shift_moves": False},
+    "no orbit moves": {"orbit_moves": False},
+    "dense mass matrices": {"mass": "dense"},
+    "mass pooled over the chains": {"per_chain": False},
+    "10 leapfrog steps": {"n_leapfrog": 10},
+}
+"""Each variant of the ablation: the settings it changes from :data:`SETTINGS`."""
+
+
+def machine() -> dict[str, Any]:
+    """Where a measurement ran: CPU model, logical CPUs, torch's intra-op threads, load average, Python
+    and torch versions, date (UTC)."""
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average": load, "python": platform.python_version(), "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def summary(r: Run) -> dict[str, Any]:
+    """One size's row of the frontier: layout, parameters, whether and when it converged, the last check."""
+    m = r.manifest
+    last = m["checks"][-1] if m["checks"] else None
+    return {"hidden": list(r.hidden), "n_params": m["n_params"], "converged": m["converged_at"] is not None,
+            "converged_at": m["converged_at"], "cpu_s": round(m["cpu_s"], 2), "wall_s": round(m["wall_s"], 2),
+            "diagnostics_s": round(m["diagnostics_s"], 2), "last": last,
+            "warmup": m["warmup"][-1] if m["warmup"] else None, "checks": m["checks"]}
+
+
+def sweep(sizes: Sequence[Sequence[int]] = SIZES, settings: Settings = SETTINGS,
+          root: str | os.PathLike = "build/frontier", out: str | os.PathLike | None = None,
+          problem: _pd.Problem = _pd.PROBLEM, progress: bool = True) -> dict[str, Any]:
+    """Every size's :func:`run` under ``root/<layout>-<key>`` (resuming), then the summary written to
+    ``out`` (atomic JSON; default: none) and returned: the settings, the problem, the machine and one row
+    per size (:func:`summary`)."""
+    rows = []
+    for hidden in sizes:
+        r = Run(hidden, settings, None, problem)
+        folder = Path(root) / ("x".join(str(h) for h in r.hidden) + f"-{r.key}")
+        r = run(hidden, settings, folder, problem, progress)
+        rows.append(summary(r))
+        if out is not None:
+            _write(out, rows, settings, problem)
+    return _document(rows, settings, problem)
+
+
+def _document(rows, settings: Settings, problem: _pd.Problem) -> dict[str, Any]:
+    return {"format": "symlib-frontier/1", "settings": dataclasses.asdict(settings),
+            "problem": dataclasses.asdict(problem), "machine": machine(), **store.provenance(),
+            "command": "python -m symlib.paper.frontier " + " ".join(sys.argv[1:]), "sizes": rows}
+
+
+def _write(out, rows, settings, problem) -> None:
+    doc = _document(rows, settings, problem)
+    store.atomic_write_bytes(out, (json.dumps(store.jsonable(doc), indent=1) + "\n").encode())
+
+
+def ablation(variants: dict[str, dict[str, Any]] = ABLATIONS, hidden: Sequence[int] = ABLATION_HIDDEN,
+             settings: Settings = SETTINGS, root: str | os.PathLike = "build/frontier",
+             out: str | os.PathLike | None = None, problem: _pd.Problem = _pd.PROBLEM,
+             progress: bool = True) -> dict[str, Any]:
+    """Every variant of the sampler's settings (``{name: changed fields}``) run on ``hidden`` like a size
+    of the frontier (same root: the unchanged settings reuse the frontier's run), then the summary written
+    to ``out`` (atomic JSON) and returned: ``{"variants": {name: {"changes", "row"}}}`` with the machine."""
+    rows = {}
+    for name, changes in variants.items():
+        s = dataclasses.replace(settings, **changes)
+        r = Run(hidden, s, None, problem)
+        folder = Path(root) / ("x".join(str(h) for h in r.hidden) + f"-{r.key}")
+        rows[name] = {"changes": dict(changes), "row": summary(run(hidden, s, folder, problem, progress))}
+        if out is not None:
+            doc = {**_document([], settings, problem), "hidden": list(hidden), "variants": rows}
+            store.atomic_write_bytes(out, (json.dumps(store.jsonable(doc), indent=1) + "\n").encode())
+    return {**_document([], settings, problem), "hidden": list(hidden), "variants": rows}
+
+
+def results(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The frontier written by :func:`sweep` (default: the committed :data:`RESULTS`)."""
+    return json.loads(Path(path or RESULTS).read_text())
+
+
+def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["mass=dense", "warmup=50,100"]`` as :class:`Settings` fields of the right types."""
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in fields:
+            raise ValueError(f"--set takes NAME=VALUE with NAME one of {sorted(fields)}, got {pair!r}")
+        default = getattr(SETTINGS, name)
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"--set {name} takes true or false, got {value!r}")
+            out[name] = value.lower() == "true"
+        elif isinstance(default, tuple):
+            out[name] = tuple(int(v) for v in value.split(","))
+        elif name == "rounds":
+            out[name] = None if value.lower() == "none" else int(value)
+        else:
+            out[name] = type(default)(value)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m symlib.paper.frontier``: :func:`sweep` from the command line; returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m symlib.paper.frontier", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default=",".join("x".join(map(str, h)) for h in SIZES),
+                   help="hidden layouts, comma-separated, layers joined by x (e.g. 8,4x4)")
+    p.add_argument("--budget", type=float, default=SETTINGS.budget, help="CPU seconds per size")
+    p.add_argument("--root", default="build/frontier", help="where the runs live (resumable)")
+    p.add_argument("--out", default=None, help="the summary JSON (default: the committed results)")
+    p.add_argument("--ablation", action="store_true",
+                   help="the ablation of the sampler's settings on the smallest layout instead of the sweep")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="another value of a sampler setting (e.g. mass=dense, shift_moves=false); repeatable")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
+    try:
+        settings = dataclasses.replace(SETTINGS, budget=args.budget, **_overrides(args.set))
+    except (ValueError, TypeError) as e:
+        print(f"symlib.paper.frontier: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.ablation:
+            ablation(ABLATIONS, ABLATION_HIDDEN, settings, args.root, args.out or ABLATION)
+        else:
+            sweep(sizes, settings, args.root, args.out or RESULTS)
+    except (store.StoreError, ValueError, FloatingPointError) as e:
+        print(f"symlib.paper.frontier: error: {e}", file=sys.stderr)
+        return 2
+    return 0
