@@ -58,14 +58,84 @@ def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, table1: bool = 
     t0 = time.perf_counter()
     zoo.load_or_train(cfg, device=device, progress=progress)  # checks every chunk, repairs damage
     _say(f"   ready in {time.perf_counter() - t0:.0f} s")
-    if table1:
-        _table1_sets(scale, device, seed, cfg, progress)
-    if table1 if true_posterior is None else true_posterior:
+    truth_too = table1 if true_posterior is None else true_posterior
+    beside = None
+    if table1 and truth_too:  # the reference's one thread beside the sets
+        _say("== the true posterior's reference: sampled in a process of its own, beside Table 1's sets")
+        beside = _Beside(scale)
+    try:
+        if table1:
+            _table1_sets(scale, device, seed, cfg, progress)
+        if truth_too:
+            from symlib.paper import truth
+
+            _say(f"== the true posterior of a {truth.HIDDEN} MLP on projected digits and its Table 1 "
+                 f"({scale})")
+            alongside = beside.wait() if beside is not None else None
+            took = truth.fill(scale, device, seed, progress)
+            if alongside is not None:
+                took["reference"] = alongside
+            _say("   ready in " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items())
+                 + (" (the reference sampled beside Table 1's sets)" if alongside is not None else ""))
+    finally:
+        if beside is not None:
+            beside.stop()
+
+
+def _reference_job(scale: str, conn) -> None:
+    """The child process of :class:`_Beside`: sample (or load) the true posterior's reference."""
+    try:
         from symlib.paper import truth
 
-        _say(f"== the true posterior of a {truth.HIDDEN} MLP on projected digits and its Table 1 ({scale})")
-        took = truth.fill(scale, device, seed, progress)
-        _say("   ready in " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
+        t0 = time.perf_counter()
+        truth.reference(scale, truth.HIDDEN)
+        conn.send(("ok", time.perf_counter() - t0))
+    except BaseException as e:  # sent to the parent, which raises it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+class _Beside:
+    """The true posterior's reference sampled in a process of its own while Table 1's sets are produced.
+
+    The reference runs on one thread (:func:`symlib.paper.truth.reference`), and several of Table 1's rows
+    train one network at a time: side by side they keep both cores of a laptop busy, where one after the
+    other each left a core idle. The reference is resumable, so stopping it (an error, Ctrl-C) loses at
+    most the segment in progress.
+    """
+
+    def __init__(self, scale: str) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_reference_job, args=(scale, send), name="symlib-true-posterior",
+                                 daemon=True)
+        self._proc.start()
+        send.close()
+
+    def wait(self) -> float:
+        """Seconds the reference took (in its process); raises its error if it failed."""
+        try:
+            status, value = self._recv.recv()
+        except EOFError:
+            self._proc.join()
+            raise RuntimeError(
+                f"the process sampling the true posterior's reference ended without a result (exit code "
+                f"{self._proc.exitcode}: killed, or out of memory?); rerun `make zoo`: it resumes the run"
+            ) from None
+        self._proc.join()
+        if status != "ok":
+            raise RuntimeError(f"the true posterior's reference failed: {value}")
+        return float(value)
+
+    def stop(self) -> None:
+        """End the process if it still runs (after an error in the parent)."""
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join()
+        self._recv.close()
 
 
 def _table1_sets(scale: str, device: str, seed: int, cfg, progress: bool) -> None:

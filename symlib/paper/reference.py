@@ -99,9 +99,10 @@ SETTINGS = {
 def noise_sd(x: torch.Tensor, y: torch.Tensor) -> float:
     """The residual standard deviation of the least-squares linear fit (with intercept) of ``y`` on ``x``,
     ddof = number of coefficients."""
-    a = np.hstack([x.double().numpy(), np.ones((x.shape[0], 1))])
-    coef, *_ = np.linalg.lstsq(a, y.double().numpy(), rcond=None)
-    r = y.double().numpy() - a @ coef
+    xs, ys = x.detach().double().cpu().numpy(), y.detach().double().cpu().numpy()
+    a = np.hstack([xs, np.ones((xs.shape[0], 1))])
+    coef, *_ = np.linalg.lstsq(a, ys, rcond=None)
+    r = ys - a @ coef
     return float(np.sqrt((r @ r) / (len(r) - a.shape[1])))
 
 

@@ -51,10 +51,10 @@ REFERENCE = {
 }
 r"""The reference sampler per scale: the frontier's settings, at the ``cpu`` scale sampled until the
 frontier's criterion holds at a check (every ``segment`` rounds) within 500 sampler CPU seconds (about
-five minutes of ``make zoo`` on two cores at most), at the ``paper`` scale for a fixed 5,000 rounds. A
-fixed length at ``cpu`` does not do: from another start (two threads instead of one change the floating
-point sums, and so the chains) 1,250 rounds left :math:`\hat R` at 1.018 on canonical forms where the
-first run had reached 1.005."""
+five minutes of ``make zoo`` at most, on one thread: see :func:`reference`), at the ``paper`` scale for a
+fixed 5,000 rounds. A fixed length at ``cpu`` does not do: from another start (two threads instead of
+one change the floating point sums, and so the chains) 1,250 rounds left :math:`\hat R` at 1.018 on
+canonical forms where the first run had reached 1.005."""
 
 HYPER: dict[str, dict[str, Any]] = {
     "dropout": {"p": 0.2},
@@ -76,13 +76,20 @@ def reference(scale: str = "cpu", hidden: Sequence[int] = HIDDEN, cache_dir: str
               settings: _frontier.Settings | None = None, problem: _pd.Problem = _pd.PROBLEM,
               progress: bool = False) -> _frontier.Run:
     """The posterior of ``hidden`` sampled with :data:`REFERENCE` ``[scale]`` (or ``settings``), in the
-    zoo cache (``<cache>/true-posterior/<layout>-<key>``; resumed or loaded when already there)."""
-    from symlib import zoo
+    zoo cache (``<cache>/true-posterior/<layout>-<key>``; resumed or loaded when already there).
+
+    The sampler runs on one CPU thread (float64, whatever device the chapter uses), as the frontier was
+    measured: its budget counts that thread's seconds, so the same chains are drawn and the budget means
+    the same on a laptop, a 16-core server beside a GPU or a shared CI machine (with torch's default
+    threads, a 16-core machine spent 500 CPU seconds in 40 s of wall time and stopped before the criterion
+    held)."""
+    from symlib import threads, zoo
 
     s = settings or _scales.pick(scale, **REFERENCE)
     key = _frontier.Run(hidden, s, None, problem).key
     folder = zoo.cache_dir(cache_dir) / "true-posterior" / ("x".join(str(h) for h in hidden) + f"-{key}")
-    return _frontier.run(hidden, s, folder, problem, progress)
+    with threads.single():
+        return _frontier.run(hidden, s, folder, problem, progress)
 
 
 def reference_set(run: _frontier.Run, n: int = 1000) -> Params:
@@ -195,7 +202,7 @@ def ranking_agreement(to_target: Mapping[tuple[str, str], Any], to_truth: Mappin
             rb = torch.stack([reduce(r, to_truth[(n, sym)].sizes, kernels) for r, n in zip(reps_b, names,
                                                                                           strict=True)])
             for j in range(min(ra.shape[1], rb.shape[1])):
-                taus.append(kendall(ra[:, j].numpy(), rb[:, j].numpy()))
+                taus.append(kendall(ra[:, j].cpu().numpy(), rb[:, j].cpu().numpy()))
         taus = np.asarray(taus)
         lo, hi = (np.nanquantile(taus, [(1 - level) / 2, (1 + level) / 2]) if taus.size else (np.nan, np.nan))
         out[sym] = {"tau": float(res.statistic), "low": float(lo), "high": float(hi), "p": float(res.pvalue),

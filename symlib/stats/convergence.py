@@ -209,8 +209,8 @@ def predictive_functionals(probs: torch.Tensor | np.ndarray, y: torch.Tensor | n
         ``N`` inputs), ``"p(y|x)": (C, S, n_inputs)`` (the probability of the true class of the first
         ``n_inputs`` inputs)``}``.
     """
-    p = torch.as_tensor(probs, dtype=torch.float64)
-    yy = torch.as_tensor(y).long()
+    p = torch.as_tensor(probs).detach().to("cpu", torch.float64)  # the diagnostics run on the host
+    yy = torch.as_tensor(y).detach().cpu().long()
     if p.ndim == 3:
         p = torch.stack([1 - p, p], -1)
     if p.ndim != 4 or p.shape[2] != yy.shape[0]:

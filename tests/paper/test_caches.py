@@ -3,6 +3,8 @@ checks it (no cell of a chapter, and so no nbval cell, carries the training)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from symlib import zoo
@@ -37,9 +39,55 @@ def test_the_true_posterior_caches_follow_their_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(truth, "fill", lambda scale, device, seed, progress: calls.append(scale) or {})
     monkeypatch.setattr(caches, "_table1_sets", lambda *a, **k: None)
     monkeypatch.setattr(zoo, "load_or_train", lambda *a, **k: None)
+    monkeypatch.setattr(caches, "_Beside", lambda scale: SimpleNamespace(wait=lambda: 0.0, stop=lambda: None))
     for argv, expected in ((["--scale", "tiny"], 1), (["--scale", "tiny", "--no-true-posterior"], 0),
                            (["--scale", "tiny", "--no-table1"], 0),
                            (["--scale", "tiny", "--no-table1", "--true-posterior"], 1)):
         calls.clear()
         assert caches.main([*argv, "--no-progress"]) == 0
         assert calls == ["tiny"] * expected, argv
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_every_cache_fills_on_cuda(tmp_path, monkeypatch):
+    """`make zoo DEVICE=cuda`: the zoo, Table 1's twelve sets (the HMC reference with its diagnostics on
+    the host) and the true posterior's reference and sets, all produced on the GPU at the tiny scale, and
+    the sets read back complete and finite."""
+    import torch
+
+    from symlib.paper import table1
+    from symlib.posteriors import sampling
+
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path))
+    assert caches.main(["--scale", "tiny", "--device", "cuda", "--no-progress"]) == 0
+    setup = sampling.setup_for(caches.PRESET, "tiny", "cuda")
+    sets = table1.produce(setup, table1.plan("tiny", hmc=True), 0, progress=False)  # loads, trains nothing
+    assert len(sets) == 12
+    for label, s in sets.items():
+        assert all(bool(torch.isfinite(v).all()) for v in s.params.values()), label
+
+
+def test_the_reference_is_sampled_beside_table1s_sets(tmp_path, monkeypatch, capsys):
+    """`make zoo` samples the true posterior's reference in a process of its own while Table 1's sets are
+    produced; the chapter then loads it from the cache."""
+    from symlib.paper import truth
+
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path))
+    monkeypatch.setattr(caches, "_table1_sets", lambda *a, **k: None)
+    monkeypatch.setattr(truth, "produce", lambda *a, **k: None)  # the MLP's sets: tested elsewhere
+    assert caches.main(["--scale", "tiny", "--no-progress"]) == 0
+    assert "(the reference sampled beside Table 1's sets)" in capsys.readouterr().err
+    assert truth.reference("tiny").manifest["done"]  # loaded from what the child wrote
+
+
+def test_the_reference_process_reports_its_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path))
+    beside = caches._Beside("huge")
+    with pytest.raises(RuntimeError, match="reference failed: ValueError: unknown scale 'huge'"):
+        beside.wait()
+    beside.stop()
+    killed = caches._Beside("tiny")
+    killed._proc.kill()
+    with pytest.raises(RuntimeError, match="ended without a result .*rerun `make zoo`"):
+        killed.wait()
+    killed.stop()

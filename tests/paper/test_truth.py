@@ -133,3 +133,22 @@ def test_the_chapters_defaults_are_what_make_zoo_caches():
     assert until_converged == truth.REFERENCE["cpu"]
     assert dataclasses.replace(settings, rounds=ns["reference_rounds"]) == truth.REFERENCE["paper"]
     assert tuple(ns["hidden"]) == truth.HIDDEN and ns["scale"] == "cpu"
+
+
+def test_the_reference_samples_on_one_thread_whatever_the_callers_count(tmp_path, monkeypatch):
+    """The reference's budget counts CPU seconds: it runs on one intra-op thread (as the frontier was
+    measured), so that many idle threads cannot spend it, and the caller's count comes back afterwards."""
+    from symlib.paper import frontier as F
+
+    seen = []
+    real = F.run
+    monkeypatch.setattr(F, "run", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        s = dataclasses.replace(truth.REFERENCE["tiny"], rounds=10, segment=10)
+        r = truth.reference("tiny", (2,), cache_dir=tmp_path, settings=s, problem=TINY)
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert r.manifest["done"] and r.draws()["draws"].shape[:2] == (s.n_chains, 10)
+    finally:
+        torch.set_num_threads(before)
