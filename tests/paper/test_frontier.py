@@ -135,3 +135,22 @@ def test_committed_ablation_has_every_variant():
     base = doc["variants"][next(iter(F.ABLATIONS))]["row"]
     sweep = next(r for r in F.results()["sizes"] if tuple(r["hidden"]) == F.ABLATION_HIDDEN)
     assert base["cpu_s"] == sweep["cpu_s"]
+
+
+def test_frame_lines_up_the_committed_runs():
+    """frontier.frame: one line per run, named by layout or by the labels given; a size that did not
+    converge has no time to convergence; the figures are the rows' own."""
+    doc = F.results()
+    t = F.frame(doc["sizes"])
+    assert t.index.name == "hidden" and list(t.index) == ["-".join(map(str, h)) for h in F.SIZES]
+    for r in doc["sizes"]:
+        line = t.loc["-".join(map(str, r["hidden"]))]
+        assert line["parameters"] == r["n_params"] and line["CPU s spent"] == r["cpu_s"]
+        assert (line["converged"] == "yes") == r["converged"]
+        assert np.isnan(line["CPU s to converge"]) != r["converged"]
+        assert line["worst R-hat (canonical)"] == r["last"]["canonical"]["rhat_max"]
+    abl = F.results(F.ABLATION)["variants"]
+    a = F.frame([v["row"] for v in abl.values()], labels=list(abl))
+    assert a.index.name == "variant" and list(a.index) == list(abl)
+    with pytest.raises(ValueError, match="2 labels for 1 rows"):
+        F.frame(doc["sizes"][:1], labels=["a", "b"])

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from symlib import store
@@ -40,8 +41,8 @@ from symlib.paper import pca_digits as _pd
 from symlib.paper.frontier.runs import SETTINGS, Run, Settings, functionals, judge, run, spec
 
 __all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "RESULTS", "SETTINGS", "SIZES", "Run", "Settings",
-           "ablation", "functionals", "judge", "machine", "main", "results", "run", "spec", "summary",
-           "sweep"]
+           "ablation", "frame", "functionals", "judge", "machine", "main", "results", "run", "spec",
+           "summary", "sweep"]
 
 SIZES: tuple[tuple[int, ...], ...] = ((2,), (4,), (8,), (16,), (32,), (2, 2), (4, 4), (8, 8), (16, 16))
 """The hidden layouts of the frontier: one and two hidden layers of growing width."""
@@ -94,6 +95,42 @@ def summary(r: Run) -> dict[str, Any]:
             "converged_at": m["converged_at"], "cpu_s": round(m["cpu_s"], 2), "wall_s": round(m["wall_s"], 2),
             "diagnostics_s": round(m["diagnostics_s"], 2), "last": last,
             "warmup": m["warmup"][-1] if m["warmup"] else None, "checks": m["checks"]}
+
+
+def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str] | None = None):
+    """The rows of :func:`summary` (a sweep's, or an ablation's ``row`` entries) as a table, one line per
+    run: whether and when it converged (CPU and wall seconds, draws per chain), what it spent, and the
+    diagnostics and sampler state at its last check.
+
+    Args:
+        rows: :func:`summary` dictionaries.
+        labels: the lines' names (an ablation's variants, index ``"variant"``); by default the hidden
+            layouts (``"4-4"``, index ``"hidden"``).
+
+    Returns:
+        A :class:`pandas.DataFrame`; a run that did not converge has NaN in the columns "... to converge".
+    """
+    import pandas as pd
+
+    def line(r: dict[str, Any]) -> dict[str, Any]:
+        last, at = r["last"], r["converged_at"]
+        return {"parameters": r["n_params"], "levels": last["sampler"]["levels"],
+                "barrier": r["warmup"]["barrier"], "converged": "yes" if r["converged"] else "no",
+                "CPU s to converge": at["cpu_s"] if at else np.nan,
+                "wall s to converge": at["wall_s"] if at else np.nan, "CPU s spent": r["cpu_s"],
+                "draws per chain": (at or last)["draws"],
+                "step size at beta = 1": last["sampler"]["step_cold"],
+                "worst R-hat (canonical)": last["canonical"]["rhat_max"],
+                "worst R-hat (invariant)": last["invariant"]["rhat_max"],
+                "least ESS (canonical)": last["canonical"]["ess_min"],
+                "least ESS (invariant)": last["invariant"]["ess_min"],
+                "round trips (least chain)": min(last["sampler"]["round_trips"])}
+
+    if labels is not None and len(labels) != len(rows):
+        raise ValueError(f"{len(labels)} labels for {len(rows)} rows")
+    index = pd.Index(list(labels) if labels is not None else ["-".join(map(str, r["hidden"])) for r in rows],
+                     name="variant" if labels is not None else "hidden")
+    return pd.DataFrame([line(r) for r in rows], index=index)
 
 
 def sweep(sizes: Sequence[Sequence[int]] = SIZES, settings: Settings = SETTINGS,
