@@ -38,12 +38,13 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
 .PHONY: help env data zoo book chapters chapter static html html-both book-check test unit nbval lint bench clean lab
-.PHONY: slides assignments grade
+.PHONY: slides assignments grade cuda-check
 help:
 	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
 	@echo "make test   - environment + lint + unit/property tests + shared zoo + nbval + the strict book, both editions"
 	@echo "make zoo    - train (or check) the zoo and Table 1's sample sets the chapters share (SYMLIB_CACHE)"
 	@echo "make bench  - run every benchmark under benchmarks/"
+	@echo "make cuda-check - on a GPU: the CUDA tests, make zoo's caches on cuda, the GPU benchmarks"
 	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only (JOBS=$(JOBS) at a time)"
 	@echo "make html [EDITION=student] - HTML only, from the committed chapters (student: no solutions)"
 	@echo "make html-both - both editions, strictly (build/_build/html, build/student/_build/html)"
@@ -207,6 +208,16 @@ lab: env
 
 bench: $(VENV)/.installed
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+
+# On a machine with CUDA (docs/performance.md, "On a GPU"): every CUDA-only test, make zoo's caches at the
+# cpu scale produced on the GPU (in a cache of their own, so the CPU's stay untouched), the GPU benchmarks.
+cuda-check: $(VENV)/.installed
+	$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	  'make cuda-check needs a GPU: torch.cuda.is_available() is False here')"
+	$(PY) -m pytest -q -p no:cacheprovider -rs -k cuda tests
+	SYMLIB_CACHE=$(CURDIR)/$(BUILD)/zoo-cache-cuda $(PY) -m symlib.paper.caches --scale cpu --device cuda
+	$(PY) benchmarks/zoo_training.py --device cuda
+	$(PY) benchmarks/pairwise_mi.py --device cuda
 
 clean:
 	rm -rf $(BUILD) _build .pytest_cache .hypothesis
