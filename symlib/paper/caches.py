@@ -14,6 +14,7 @@ Run it as ``python -m symlib.paper.caches --scale cpu --device cpu``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -82,8 +83,19 @@ def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, table1: bool = 
             beside.stop()
 
 
-def _reference_job(scale: str, conn) -> None:
+def _orphan_watch(parent: int, every: float = 1.0, exit=os._exit) -> None:
+    """Exit (status 3) once the process that started this one is gone: a ``make zoo`` killed outright must
+    not leave its reference writing on beside the next run (one writer per folder)."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    exit(3)
+
+
+def _reference_job(scale: str, conn, parent: int) -> None:
     """The child process of :class:`_Beside`: sample (or load) the true posterior's reference."""
+    import threading
+
+    threading.Thread(target=_orphan_watch, args=(parent,), daemon=True).start()
     try:
         from symlib.paper import truth
 
@@ -110,8 +122,8 @@ class _Beside:
 
         ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's threads
         self._recv, send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_reference_job, args=(scale, send), name="symlib-true-posterior",
-                                 daemon=True)
+        self._proc = ctx.Process(target=_reference_job, args=(scale, send, os.getpid()),
+                                 name="symlib-true-posterior", daemon=True)
         self._proc.start()
         send.close()
 

@@ -91,3 +91,19 @@ def test_the_reference_process_reports_its_failure(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="ended without a result .*rerun `make zoo`"):
         killed.wait()
     killed.stop()
+
+
+def test_the_reference_process_ends_when_make_zoo_is_killed():
+    """The child's watch exits as soon as its parent is no longer the process that started it (a killed
+    `make zoo`), and not before."""
+    import os
+
+    exits = []
+    caches._orphan_watch(os.getpid() + 10**6, every=0.01, exit=exits.append)  # not our parent: exits at once
+    assert exits == [3]
+    import threading
+
+    t = threading.Thread(target=caches._orphan_watch, args=(os.getppid(), 0.01, exits.append), daemon=True)
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and exits == [3]  # still watching while the parent lives
