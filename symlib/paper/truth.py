@@ -78,18 +78,14 @@ def reference(scale: str = "cpu", hidden: Sequence[int] = HIDDEN, cache_dir: str
     """The posterior of ``hidden`` sampled with :data:`REFERENCE` ``[scale]`` (or ``settings``), in the
     zoo cache (``<cache>/true-posterior/<layout>-<key>``; resumed or loaded when already there).
 
-    The sampler runs on one CPU thread (float64, whatever device the chapter uses), as the frontier was
-    measured: its budget counts that thread's seconds, so the same chains are drawn and the budget means
-    the same on a laptop, a 16-core server beside a GPU or a shared CI machine (with torch's default
-    threads, a 16-core machine spent 500 CPU seconds in 40 s of wall time and stopped before the criterion
-    held)."""
-    from symlib import threads, zoo
+    The sampler runs on one CPU thread (float64, whatever device the chapter uses), as every run of the
+    frontier (:meth:`symlib.paper.frontier.Run.advance`): its budget means the same, and the same chains
+    are drawn, on a laptop, a 16-core server beside a GPU or a shared CI machine."""
+    from symlib import zoo
 
     s = settings or _scales.pick(scale, **REFERENCE)
-    key = _frontier.Run(hidden, s, None, problem).key
-    folder = zoo.cache_dir(cache_dir) / "true-posterior" / ("x".join(str(h) for h in hidden) + f"-{key}")
-    with threads.single():
-        return _frontier.run(hidden, s, folder, problem, progress)
+    folder = zoo.cache_dir(cache_dir) / "true-posterior" / _frontier.name(hidden, s, problem)
+    return _frontier.run(hidden, s, folder, problem, progress)
 
 
 def reference_set(run: _frontier.Run, n: int = 1000) -> Params:

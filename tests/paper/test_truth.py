@@ -136,13 +136,15 @@ def test_the_chapters_defaults_are_what_make_zoo_caches():
 
 
 def test_the_reference_samples_on_one_thread_whatever_the_callers_count(tmp_path, monkeypatch):
-    """The reference's budget counts CPU seconds: it runs on one intra-op thread (as the frontier was
-    measured), so that many idle threads cannot spend it, and the caller's count comes back afterwards."""
+    """The reference's budget counts CPU seconds: it runs on one intra-op thread (as every run of the
+    frontier, Run.advance), so that many idle threads cannot spend it, and the caller's count comes back
+    afterwards."""
     from symlib.paper import frontier as F
 
     seen = []
-    real = F.run
-    monkeypatch.setattr(F, "run", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    real = F.Run._advance
+    monkeypatch.setattr(F.Run, "_advance",
+                        lambda self, *a: seen.append(torch.get_num_threads()) or real(self, *a))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

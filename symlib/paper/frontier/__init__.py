@@ -38,11 +38,11 @@ import torch
 
 from symlib import store
 from symlib.paper import pca_digits as _pd
-from symlib.paper.frontier.runs import SETTINGS, Run, Settings, functionals, judge, run, spec
+from symlib.paper.frontier.runs import SETTINGS, Run, Settings, functionals, judge, name, run, spec
 
 __all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "RESULTS", "SETTINGS", "SIZES", "Run", "Settings",
-           "ablation", "frame", "functionals", "judge", "machine", "main", "results", "run", "spec",
-           "summary", "sweep"]
+           "ablation", "frame", "functionals", "judge", "machine", "main", "name", "results", "run",
+           "spec", "summary", "sweep"]
 
 SIZES: tuple[tuple[int, ...], ...] = ((2,), (4,), (8,), (16,), (32,), (2, 2), (4, 4), (8, 8), (16, 16))
 """The hidden layouts of the frontier: one and two hidden layers of growing width."""
@@ -68,8 +68,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 
 
 def machine() -> dict[str, Any]:
-    """Where a measurement ran: CPU model, logical CPUs, torch's intra-op threads, load average, Python
-    and torch versions, date (UTC)."""
+    """Where a measurement ran: CPU model, logical CPUs, the process's torch intra-op threads (the sampler
+    itself runs on one, :meth:`Run.advance`), load average, Python and torch versions, date (UTC)."""
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -141,12 +141,10 @@ def sweep(sizes: Sequence[Sequence[int]] = SIZES, settings: Settings = SETTINGS,
     per size (:func:`summary`)."""
     rows = []
     for hidden in sizes:
-        r = Run(hidden, settings, None, problem)
-        folder = Path(root) / ("x".join(str(h) for h in r.hidden) + f"-{r.key}")
-        r = run(hidden, settings, folder, problem, progress)
+        r = run(hidden, settings, Path(root) / name(hidden, settings, problem), problem, progress)
         rows.append(summary(r))
         if out is not None:
-            _write(out, rows, settings, problem)
+            _write(out, _document(rows, settings, problem))
     return _document(rows, settings, problem)
 
 
@@ -156,8 +154,7 @@ def _document(rows, settings: Settings, problem: _pd.Problem) -> dict[str, Any]:
             "command": "python -m symlib.paper.frontier " + " ".join(sys.argv[1:]), "sizes": rows}
 
 
-def _write(out, rows, settings, problem) -> None:
-    doc = _document(rows, settings, problem)
+def _write(out, doc: dict[str, Any]) -> None:
     store.atomic_write_bytes(out, (json.dumps(store.jsonable(doc), indent=1) + "\n").encode())
 
 
@@ -169,14 +166,12 @@ def ablation(variants: dict[str, dict[str, Any]] = ABLATIONS, hidden: Sequence[i
     of the frontier (same root: the unchanged settings reuse the frontier's run), then the summary written
     to ``out`` (atomic JSON) and returned: ``{"variants": {name: {"changes", "row"}}}`` with the machine."""
     rows = {}
-    for name, changes in variants.items():
+    for variant, changes in variants.items():
         s = dataclasses.replace(settings, **changes)
-        r = Run(hidden, s, None, problem)
-        folder = Path(root) / ("x".join(str(h) for h in r.hidden) + f"-{r.key}")
-        rows[name] = {"changes": dict(changes), "row": summary(run(hidden, s, folder, problem, progress))}
+        r = run(hidden, s, Path(root) / name(hidden, s, problem), problem, progress)
+        rows[variant] = {"changes": dict(changes), "row": summary(r)}
         if out is not None:
-            doc = {**_document([], settings, problem), "hidden": list(hidden), "variants": rows}
-            store.atomic_write_bytes(out, (json.dumps(store.jsonable(doc), indent=1) + "\n").encode())
+            _write(out, {**_document([], settings, problem), "hidden": list(hidden), "variants": rows})
     return {**_document([], settings, problem), "hidden": list(hidden), "variants": rows}
 
 
@@ -217,11 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="the summary JSON (default: the committed results)")
     p.add_argument("--ablation", action="store_true",
                    help="the ablation of the sampler's settings on the smallest layout instead of the sweep")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="another value of a sampler setting (e.g. mass=dense, shift_moves=false); repeatable")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
     try:
         settings = dataclasses.replace(SETTINGS, budget=args.budget, **_overrides(args.set))

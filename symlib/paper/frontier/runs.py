@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from symlib import store
+from symlib import store, threads
 from symlib.paper import pca_digits as _pd
 from symlib.params import unflatten
 from symlib.posteriors.hmc.ladder import Ladder
 
-__all__ = ["SETTINGS", "Run", "Settings", "functionals", "judge", "run", "spec"]
+__all__ = ["SETTINGS", "Run", "Settings", "functionals", "judge", "name", "run", "spec"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,13 @@ def _key(hidden, settings: Settings, problem: _pd.Problem) -> str:
                        "problem": dataclasses.asdict(problem), "data": _pd.load(problem).fingerprint,
                        "format": 1}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def name(hidden: Sequence[int], settings: Settings = SETTINGS, problem: _pd.Problem = _pd.PROBLEM) -> str:
+    """The folder name of a run: its layers joined by ``x``, then its key (``4x4-<key>``), so that runs of
+    other settings or data never share a folder."""
+    h = tuple(int(v) for v in hidden)
+    return "x".join(map(str, h)) + f"-{_key(h, settings, problem)}"
 
 
 def spec(hidden: Sequence[int], problem: _pd.Problem = _pd.PROBLEM):
@@ -257,7 +264,15 @@ class Run:
     def advance(self, progress: bool = False, max_segments: int | None = None) -> dict[str, Any]:
         """Run (or resume) until the size converges, the budget is spent or, with ``settings.rounds``, the
         fixed length is reached; every phase and segment is saved before the next. ``max_segments``
-        returns earlier, after that many new segments (the run stays resumable). Returns the manifest."""
+        returns earlier, after that many new segments (the run stays resumable). Returns the manifest.
+
+        The sampler runs on one intra-op thread whatever the caller's count: the budget counts the
+        process's CPU seconds, which idle threads would spend (16 threads spent 500 CPU seconds in 40 s of
+        wall time on a 16-core machine), and one thread draws the same chains on every machine."""
+        with threads.single():
+            return self._advance(progress, max_segments)
+
+    def _advance(self, progress: bool, max_segments: int | None) -> dict[str, Any]:
         s = self.settings
         if self.manifest["done"]:
             return self.manifest
