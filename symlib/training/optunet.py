@@ -9,7 +9,7 @@ few batched matrix products:
   :math:`z[c, i, :] = \sum_{k} x[i + k, :]\, T_{c,k}` with
   :math:`T_{c,k}[j', j] = w[c, k, j' - j]` (zero outside the kernel), so the
   whole layer is one ``(B \cdot 24, 112) \times (112, 48)`` product per model;
-* max-pool 3 on that product's output seen as one image (ReLU and max commute, so
+* max-pool 3 as two reductions over that product's output (ReLU and max commute, so
   the ReLU runs on the pooled, nine-times smaller tensor);
 * grouped conv 2 (2 groups of 1 -> 5, 5x5) as a dense ``(64, 80)`` product per group;
 * global average pool and the linear layer as a batched ``baddbmm``.
@@ -104,17 +104,20 @@ def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     # the 3x3 pooling.
     t = place(w1.reshape(m * 2, 16), toeplitz1).view(m, 2, 112, 24).transpose(1, 2).reshape(m, 112, 48)
     rows = x[..., 0, :, :].unfold(-2, 4, 1)[..., :24, :, :].transpose(-1, -2)  # (..., 24, 4, 28)
+    # max-pool 3 (windows never straddle the two channels, 24 = 8 * 3) as two reductions over the product's
+    # own layout (columns, then rows: no copy of the nine-times larger map), then ReLU (they commute).
     if x.ndim == 4:
         b = x.shape[0]
         z = rows.reshape(b * 24, 112) @ t.permute(1, 0, 2).reshape(112, m * 48)
-        z = z.view(b, 24, m, 48).permute(2, 0, 1, 3)
+        z = F.relu(z.view(b, 8, 3, m * 16, 3).amax(-1).amax(2))  # (B, 8, M*16): rows i, columns (m, c, j)
+        h = z.view(b, 8, m, 2, 8).permute(2, 3, 0, 1, 4)
     else:
         b = x.shape[1]
         z = torch.bmm(rows.reshape(m, b * 24, 112), t)
-    # max-pool 3 (windows never straddle the two channels, 24 = 8 * 3), then ReLU (they commute).
-    z = F.relu(F.max_pool2d(z.reshape(m * b, 1, 24, 48), 3))  # (M*B, 1, 8, 16): rows i, columns (c, j)
+        z = F.relu(z.view(m, b, 8, 3, 16, 3).amax(-1).amax(3))  # (M, B, 8, 16): rows i, columns (c, j)
+        h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4)
     # grouped conv 2 (2 groups of 1 -> 5 channels, 5x5) as one dense (64, 80) product per (model, group).
-    h = z.view(m, b, 8, 2, 8).permute(0, 3, 1, 2, 4).reshape(m * 2, b, 64)  # (M*2, B, 8*8)
+    h = h.reshape(m * 2, b, 64)  # (M*2, B, 8*8)
     # t2: (M*2, 64, 80), rows (i, j), columns (o, p, q)
     t2 = place(w2.reshape(m * 10, 25), i2).view(m * 2, 5, 64, 16).transpose(1, 2).reshape(m * 2, 64, 80)
     h2 = F.relu(torch.bmm(h, t2)).view(m, 2, b, 5, 16).mean(-1)  # GAP: (M, 2, B, 5)

@@ -263,6 +263,40 @@ def test_permuted_matches_recomputation(m, n):
         torch.testing.assert_close(got[:, b], want, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.parametrize("rule", ["cross", "pooled"])
+def test_values_beside_the_tests_agree_with_loop_reference(rule):
+    """With a permutation test and a bootstrap, the observed values are the block sums of the pooled kernel
+    matrices (one buffer for every layer): they equal the loop reference and the values computed without
+    any test, and so does the permutation test's statistic (pooled bandwidths)."""
+    t, s = gaussian_sets(9, 6, shift=0.3, layers=2)
+    pair = mmd.prepare(t, s)
+    res = mmd.mmd(pair, n_permutations=20, n_bootstrap=20, rule=rule)
+    plain = mmd.mmd(pair, rule=rule)
+    for i in range(2):
+        x, y = pair.x[i].numpy(), pair.y[i].numpy()
+        np.testing.assert_allclose(res.values[i].numpy(), ref_layer(x, y, rule=rule)[0], rtol=1e-10,
+                                   atol=1e-12)
+        np.testing.assert_allclose(res.test_values[i].numpy(), ref_layer(x, y, rule="pooled")[0], rtol=1e-10,
+                                   atol=1e-12)
+    torch.testing.assert_close(res.values, plain.values, rtol=1e-12, atol=1e-14)
+
+
+def test_kernel_buffer_of_another_shape_is_not_used():
+    """pooled_kernel writes into a previous result of the same shape and ignores one of another shape (two
+    comparisons of different sizes, as in a difference without a shared target)."""
+    t, s = gaussian_sets(7, 5, shift=0.4, layers=1)
+    dxx, dyy, dxy = mmd.compare._distances(mmd.prepare(t, s), 0)
+    h = mmd.kernels.layer_bandwidths(dxx, dyy, dxy)
+    fresh = mmd.kernels.pooled_kernel(dxx, dyy, dxy, h)
+    small = torch.zeros(20, 3, 3, dtype=F64)
+    same = torch.full_like(fresh, float("nan"))
+    assert torch.equal(mmd.kernels.pooled_kernel(dxx, dyy, dxy, h, small), fresh)
+    out = mmd.kernels.pooled_kernel(dxx, dyy, dxy, h, same)
+    assert out.data_ptr() == same.data_ptr() and torch.equal(out, fresh)
+    torch.testing.assert_close(mmd.kernels.observed_pooled(fresh, 7), mmd.kernels.observed(dxx, dyy, dxy, h),
+                               rtol=1e-12, atol=1e-14)
+
+
 def test_reduce_median_weighted_max():
     """Median over 20 kernels is the mean of the 10th and 11th values; "weighted" weighs layers by size."""
     v = torch.stack([torch.arange(20, dtype=F64), 10 + torch.arange(20, dtype=F64).flip(0)])

@@ -20,13 +20,16 @@ def _double_stack(seeds):
 
 
 @settings(max_examples=10, deadline=None)
-@given(m=st.integers(1, 4), b=st.integers(1, 5), seed=st.integers(0, 2**31))
-def test_stacked_forward_is_optunet(m, b, seed):
-    """optunet_forward(theta, x)[i] = OptuNet_i(x_i) in float64, per-model and shared inputs."""
+@given(m=st.integers(1, 4), b=st.integers(1, 5), seed=st.integers(0, 2**31), flat=st.booleans())
+def test_stacked_forward_is_optunet(m, b, seed, flat):
+    """optunet_forward(theta, x)[i] = OptuNet_i(x_i) in float64, per-model and shared inputs, also on images
+    with flat regions, where the pooling windows hold ties."""
     seeds = list(range(seed, seed + m))
     theta = _double_stack(seeds)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, b, 1, 28, 28, generator=g, dtype=torch.float64)
+    if flat:
+        x = x[..., ::7, ::7].repeat_interleave(7, -2).repeat_interleave(7, -1)
     out = T.optunet_forward(theta, x)
     shared = T.optunet_forward(theta, x[0])
     for i, s in enumerate(seeds):

@@ -30,6 +30,7 @@ from symlib.stats.mmd.kernels import (
     interval,
     layer_bandwidths,
     observed,
+    observed_pooled,
     p_value,
     pdist,
     permuted,
@@ -152,26 +153,29 @@ def mmd(pair: Pair, n_permutations: int = 0, n_bootstrap: int = 0, seed: int = 0
         a = counts(gen, m, n_bootstrap, dtype, device)
         b = counts(gen, n, n_bootstrap, dtype, device)
     values, hs, tests, perms, boots = [], [], [], [], []
+    buf = None  # one (20, m + n, m + n) buffer for every kernel matrix of this comparison
     with _progress.bar(len(pair.names), desc="mmd", enabled=progress) as bar:
         for layer in range(len(pair.names)):
             dxx, dyy, dxy = _distances(pair, layer)
             h = layer_bandwidths(dxx, dyy, dxy, rule)
             hs.append(h)
-            values.append(observed(dxx, dyy, dxy, h))
+            # The pooled kernel matrices, when a test needs them, also give the observed value (their block
+            # sums); without a test, the kernels' sums over the distances do, without the matrices.
+            k = None
+            if a is not None or (order is not None and rule == "pooled"):
+                k = buf = pooled_kernel(dxx, dyy, dxy, h, buf)
+            values.append(observed(dxx, dyy, dxy, h) if k is None else observed_pooled(k, m))
             if a is not None:
-                k = pooled_kernel(dxx, dyy, dxy, h)
                 boots.append(torch.cat([resampled(k, m, a[:, i:j], b[:, i:j])
                                         for i, j in chunks(n_bootstrap, chunk)], -1))
             if order is not None:
                 if rule != "pooled":
-                    h = layer_bandwidths(dxx, dyy, dxy, "pooled")
-                    k = pooled_kernel(dxx, dyy, dxy, h)
-                elif a is None:
-                    k = pooled_kernel(dxx, dyy, dxy, h)
-                tests.append(values[-1] if rule == "pooled" else observed(dxx, dyy, dxy, h))
+                    k = buf = pooled_kernel(dxx, dyy, dxy, layer_bandwidths(dxx, dyy, dxy, "pooled"), buf)
+                    tests.append(observed_pooled(k, m))
+                else:
+                    tests.append(values[-1])
                 perms.append(torch.cat([permuted(k, m, order[i:j])
                                         for i, j in chunks(n_permutations, chunk)], -1))
-            k = None
             bar.update()
 
     def stack(xs):
@@ -301,16 +305,16 @@ def difference(first: Pair, second: Pair, n_bootstrap: int = 1000, seed: int = 0
     b1 = counts(gen, first.n, n_bootstrap, x0.dtype, x0.device)
     b2 = b1 if share_samples else counts(gen, second.n, n_bootstrap, x0.dtype, x0.device)
     agg = []
+    buf = None  # the kernel matrices' buffer, reused while the sizes agree
     for pair, a, b in ((first, a1, b1), (second, a2, b2)):
         obs, reps = [], []
         for layer in range(len(pair.names)):
             dxx, dyy, dxy = _distances(pair, layer)
             h = layer_bandwidths(dxx, dyy, dxy, rule)
-            obs.append(observed(dxx, dyy, dxy, h))
-            k = pooled_kernel(dxx, dyy, dxy, h)
+            k = buf = pooled_kernel(dxx, dyy, dxy, h, buf)
+            obs.append(observed_pooled(k, pair.m))
             reps.append(torch.cat([resampled(k, pair.m, a[:, i:j], b[:, i:j])
                                    for i, j in chunks(n_bootstrap, chunk)], -1))
-            del k
         agg.append((reduce(torch.stack(obs), pair.sizes, kernels, layers),
                     reduce(torch.stack(reps), pair.sizes, kernels, layers)))
     d = agg[0][1] - agg[1][1]

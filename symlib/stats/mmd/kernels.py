@@ -82,7 +82,8 @@ def bandwidths(cross: torch.Tensor, n: int = N_BANDWIDTHS) -> torch.Tensor:
     d = cross.reshape(-1)
     lo = d.min()
     if lo < 0.1:
-        lo = torch.clamp(d.sort().values[int(math.floor(d.numel() * 0.05))], min=0.1)
+        # the (floor(0.05 len) + 1)-th smallest distance: a selection, not a sort
+        lo = torch.clamp(d.kthvalue(int(math.floor(d.numel() * 0.05)) + 1).values, min=0.1)
     lo = lo / 2
     hi = 2 * torch.clamp(d.max(), min=0.3)
     steps = torch.arange(n, dtype=d.dtype, device=d.device) / (n - 1)
@@ -109,10 +110,13 @@ def layer_bandwidths(dxx, dyy, dxy, rule: str = "cross") -> torch.Tensor:
     return torch.cat([bandwidths(d[0]), bandwidths(d[1])])
 
 
-def _kernel(d: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The 20 kernels on distances ``d`` ``(2, ...)``: ``(20, ...)``."""
+def _kernel(d: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The 20 kernels on distances ``d`` ``(2, ...)``: ``(20, ...)``, written into ``out`` if given (a
+    buffer of that shape, dtype and device, reused: a fresh large one costs its pages' first touch)."""
     shape = (-1,) + (1,) * (d.ndim - 1)
-    out = torch.empty((2 * N_BANDWIDTHS, *d.shape[1:]), dtype=d.dtype, device=d.device)
+    size = (2 * N_BANDWIDTHS, *d.shape[1:])
+    if out is None or tuple(out.shape) != size or out.dtype != d.dtype or out.device != d.device:
+        out = torch.empty(size, dtype=d.dtype, device=d.device)
     torch.mul(d[0], (-1 / h[:N_BANDWIDTHS]).reshape(shape), out=out[:N_BANDWIDTHS])
     torch.mul(d[1] * d[1], (-1 / h[N_BANDWIDTHS:] ** 2).reshape(shape), out=out[N_BANDWIDTHS:])
     return out.exp_()
@@ -152,12 +156,23 @@ def estimate(x: torch.Tensor, y: torch.Tensor, h: torch.Tensor | None = None, ru
     return observed(dxx, dyy, dxy, h), h
 
 
-def pooled_kernel(dxx, dyy, dxy, h) -> torch.Tensor:
-    """The 20 kernel matrices of the pooled sample ``(20, m + n, m + n)``, zero on the diagonal."""
+def observed_pooled(k: torch.Tensor, m: int) -> torch.Tensor:
+    """``MMD^2_u`` ``(20,)`` from the pooled kernel matrices ``k`` (:func:`pooled_kernel`, zero diagonal),
+    the first ``m`` rows being ``X``: the same value as :func:`observed`, from the block sums of a matrix
+    the tests build anyway instead of the kernels computed a second time."""
+    n = k.shape[-1] - m
+    sxx, syy = k[:, :m, :m].sum((-2, -1)), k[:, m:, m:].sum((-2, -1))
+    sxy = k[:, :m, m:].sum((-2, -1))
+    return sxx / (m * (m - 1)) + syy / (n * (n - 1)) - 2 * sxy / (m * n)
+
+
+def pooled_kernel(dxx, dyy, dxy, h, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The 20 kernel matrices of the pooled sample ``(20, m + n, m + n)``, zero on the diagonal (written
+    into ``out``, a previous result of the same shape, if given)."""
     m, n = dxy.shape[-2], dxy.shape[-1]
     top = torch.cat([_square(dxx, m), dxy], -1)
     d = torch.cat([top, torch.cat([dxy.transpose(-1, -2), _square(dyy, n)], -1)], -2)
-    k = _kernel(d, h)
+    k = _kernel(d, h, out)
     k.diagonal(dim1=-2, dim2=-1).zero_()
     return k
 
