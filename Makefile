@@ -10,7 +10,7 @@ SCALE  ?= cpu
 DEVICE ?= cpu
 ALL_CHAPTERS := $(basename $(notdir $(wildcard notebooks/*.md)))
 # Longest first (measured at scale=cpu), so that parallel lanes end together; chapters not listed run last.
-LONGEST_FIRST := table1 true_posterior transformers alignment collapse own_network toy minmass permfreq architectures marginals
+LONGEST_FIRST := alignment table1 true_posterior collapse transformers toy own_network permfreq minmass architectures marginals
 CHAPTERS ?= $(filter $(ALL_CHAPTERS),$(LONGEST_FIRST)) $(filter-out $(LONGEST_FIRST),$(ALL_CHAPTERS))
 # Chapters that load the shared caches (make zoo); table1 also loads its sample sets.
 ZOO_CHAPTERS := minmass table1 true_posterior collapse alignment transformers
