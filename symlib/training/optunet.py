@@ -87,6 +87,9 @@ def conv_matrix_index(side: int, k: int, outs: int) -> torch.Tensor:
 def optunet_forward(params: Params, x: torch.Tensor) -> torch.Tensor:
     r"""Logits of ``M`` stacked OptuNets (same function as :class:`symlib.models.OptuNet` in eval mode).
 
+    Differentiable by autograd; where a pooling window holds tied maxima its gradient is shared among them
+    (``amax``), where ``nn.MaxPool2d`` and the hand-written backward pass route it to the first.
+
     Args:
         params: ``{"conv1.weight": (M, 2, 1, 4, 4), "conv2.weight": (M, 10, 1, 5, 5),
             "fc.weight": (M, 10, 10), "fc.bias": (M, 10)}``.
