@@ -166,13 +166,17 @@ def ablation(variants: dict[str, dict[str, Any]] = ABLATIONS, hidden: Sequence[i
     of the frontier (same root: the unchanged settings reuse the frontier's run), then the summary written
     to ``out`` (atomic JSON) and returned: ``{"variants": {name: {"changes", "row"}}}`` with the machine."""
     rows = {}
+
+    def document() -> dict[str, Any]:
+        return {**_document([], settings, problem), "hidden": list(hidden), "variants": rows}
+
     for variant, changes in variants.items():
         s = dataclasses.replace(settings, **changes)
         r = run(hidden, s, Path(root) / name(hidden, s, problem), problem, progress)
         rows[variant] = {"changes": dict(changes), "row": summary(r)}
         if out is not None:
-            _write(out, {**_document([], settings, problem), "hidden": list(hidden), "variants": rows})
-    return {**_document([], settings, problem), "hidden": list(hidden), "variants": rows}
+            _write(out, document())
+    return document()
 
 
 def results(path: str | os.PathLike | None = None) -> dict[str, Any]:
