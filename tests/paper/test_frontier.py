@@ -99,6 +99,24 @@ def test_sweep_writes_the_summary(tmp_path):
     assert {"cpu", "logical_cpus", "date"} <= set(read["machine"]) and doc["sizes"] == read["sizes"]
 
 
+def test_ablation_writes_the_summary_and_reuses_the_frontiers_run(tmp_path):
+    """Every variant runs in a folder of its own beside the frontier's (same root): the unchanged settings
+    are the frontier's own run, a changed setting adds one folder, and the file holds what is returned."""
+    root, out = tmp_path / "runs", tmp_path / "ablation.json"
+    F.sweep([(2,)], SETTINGS, root, None, TINY, progress=False)
+    before = {p.name for p in root.iterdir()}
+    assert before == {F.name((2,), SETTINGS, TINY)}
+    doc = F.ablation({"as is": {}, "shorter": {"n_leapfrog": 2}}, (2,), SETTINGS, root, out, TINY,
+                     progress=False)
+    after = {p.name for p in root.iterdir()}
+    assert before < after and len(after) == 2
+    read = F.results(out)
+    assert list(read["variants"]) == ["as is", "shorter"] and read["hidden"] == [2]
+    assert read["variants"]["shorter"]["changes"] == {"n_leapfrog": 2}
+    assert [v["row"]["hidden"] for v in read["variants"].values()] == [[2], [2]]
+    assert list(doc["variants"]) == list(read["variants"])
+
+
 def test_committed_frontier_is_a_sweep_of_the_chapter_settings():
     """The committed results are what `python -m symlib.paper.frontier` writes for the chapter's settings and
     problem: every size of SIZES, and its converged sizes met the criterion at the check they record."""
