@@ -22,9 +22,13 @@ sampled to convergence (:mod:`symlib.paper.frontier`), so every approximation is
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,26 +39,45 @@ from symlib.paper import frontier as _frontier
 from symlib.paper import pca_digits as _pd
 from symlib.params import Params, unflatten
 
-__all__ = ["HIDDEN", "HYPER", "REFERENCE", "TARGET_SEED_OFFSET", "fill", "kendall", "plan",
+__all__ = ["COMMITTED", "HIDDEN", "HYPER", "REFERENCE", "PILOT", "REFERENCE_SEEDS", "REPLICATES",
+           "Reference", "SYMMETRIES", "TARGET_ACCEPT", "TARGET_SEED_OFFSET", "commit", "committed",
+           "distances", "fill", "kendall", "labelled", "main", "pilot", "pilot_frame", "plan",
            "predictive_agreement", "probabilities", "produce", "ranking_agreement", "reference",
-           "reference_set", "target_size"]
+           "reference_set", "reference_summary", "replay", "replicate_seeds", "replicated_agreement",
+           "replicated_tau", "spread", "target_size"]
 
 HIDDEN: tuple[int, ...] = (2,)
 """The hidden layout of the chapter's Table 1: the largest of the frontier whose reference converges
 within the ``cpu`` budget of ``make zoo`` (chapter "Against the true posterior")."""
 
+TARGET_ACCEPT = 0.9
+"""The references' target acceptance. At the frontier's 0.75, pilot runs of the chapter's layout diverged
+in 4% (seed 0) and 15% (seed 1) of their trajectories at the posterior's level, above the 1% that the
+certification rule allows; at 0.9 (a step about two thirds as long) a pilot of seed 1 had none in 1,000
+rounds, at any level (docs/performance.md)."""
+
 REFERENCE = {
     "tiny": dataclasses.replace(_frontier.SETTINGS, n_chains=2, warmup=(20, 20), levels=6, segment=20,
-                                rounds=40, budget=60.0),
-    "cpu": dataclasses.replace(_frontier.SETTINGS, rounds=None, budget=500.0),
-    "paper": dataclasses.replace(_frontier.SETTINGS, rounds=5000),
+                                rounds=40, budget=60.0, target_accept=TARGET_ACCEPT),
+    "cpu": dataclasses.replace(_frontier.SETTINGS, rounds=None, budget=3000.0, target_accept=TARGET_ACCEPT),
+    "paper": dataclasses.replace(_frontier.SETTINGS, rounds=5000, target_accept=TARGET_ACCEPT),
 }
 r"""The reference sampler per scale: the frontier's settings, at the ``cpu`` scale sampled until the
-frontier's criterion holds at a check (every ``segment`` rounds) within 500 sampler CPU seconds (about
-five minutes of ``make zoo`` at most, on one thread: see :func:`reference`), at the ``paper`` scale for a
-fixed 5,000 rounds. A fixed length at ``cpu`` does not do: from another start (two threads instead of
-one change the floating point sums, and so the chains) 1,250 rounds left :math:`\hat R` at 1.018 on
-canonical forms where the first run had reached 1.005."""
+certification rule holds (:func:`symlib.paper.frontier.certify`: the criterion at two checks in a row,
+each half alone, few divergences) within 3,000 sampler CPU seconds, on one thread; at the ``paper`` scale
+for a fixed 5,000 rounds. At the ``cpu`` scale the certified draws are computed once and committed
+(:func:`commit`, ``python -m symlib.paper.truth``), and :func:`reference` loads them."""
+
+REFERENCE_SEEDS: tuple[int, ...] = (0, 1)
+"""The independent references of the chapter (their settings' ``seed``: other starts, other random
+streams). Their distance to each other is the noise floor of every "matches the posterior"."""
+
+COMMITTED = Path(__file__).parent / "results" / "truth"
+"""Where :func:`commit` writes certified references (``<run name>.json`` and ``.safetensors``)."""
+
+REPLAY_ROUNDS = 2
+"""Rounds of a fresh start that a committed reference records (:func:`replay`), to check that this code
+and these settings begin the same chains."""
 
 HYPER: dict[str, dict[str, Any]] = {
     "dropout": {"p": 0.2},
@@ -66,17 +89,149 @@ all weights with the dense GGN, as for OptuNet)."""
 TARGET_SEED_OFFSET = 1
 """The DE target is trained with run seed ``seed + 1``: seeds disjoint from every other row's."""
 
+REPLICATES = {"tiny": 2, "cpu": 3, "paper": 5}
+"""Independent replicates (run seeds, :func:`replicate_seeds`) of every approximation per scale."""
+
 
 def target_size(scale: str) -> int:
     """Networks of the DE target: 1,000 (``tiny``: 12)."""
     return _scales.pick(scale, tiny=12, cpu=1000, paper=1000)
 
 
+@dataclasses.dataclass
+class Reference:
+    """A reference posterior: its kept draws of the posterior's level and what its run recorded.
+
+    Attributes:
+        hidden, settings, problem: the layout and the sampler settings it was drawn with.
+        samples: ``(C, S, D)`` float64 draws (chains, draws, flat parameters).
+        manifest: the run's record (checks, warm-up phases, CPU and wall seconds, ``converged_at``).
+        stats: the ladder's state when the run ended (:meth:`symlib.posteriors.hmc.ladder.Ladder.stats`).
+        source: ``"committed"`` (loaded from :data:`COMMITTED`) or ``"sampled"`` (a run of the zoo cache).
+    """
+
+    hidden: tuple[int, ...]
+    settings: _frontier.Settings
+    problem: _pd.Problem
+    samples: torch.Tensor
+    manifest: dict[str, Any]
+    stats: dict[str, Any]
+    source: str = "sampled"
+    _memo: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_run(cls, run: _frontier.Run) -> Reference:
+        """The reference of a finished :class:`symlib.paper.frontier.Run`."""
+        return cls(run.hidden, run.settings, run.problem, run.draws()["draws"], dict(run.manifest),
+                   run.ladder.stats(), "sampled")
+
+    @property
+    def certified(self) -> bool:
+        """Whether the run met the certification rule at its last check."""
+        return self.manifest["converged_at"] is not None
+
+    def draws(self) -> dict[str, torch.Tensor]:
+        """``{"draws": (C, S, D)}`` (as :meth:`symlib.paper.frontier.Run.draws`)."""
+        return {"draws": self.samples}
+
+    def _quantities(self):
+        """The draws, their canonical forms and invariant functionals (computed once)."""
+        if self._memo is None:
+            self._memo = self._compute()
+        return self._memo
+
+    def _compute(self):
+        d = self.samples
+        lik, _ = _pd.likelihood(self.hidden, self.problem)
+        c, s, n = d.shape
+        flat = d.reshape(c * s, n)
+        nll = torch.cat([lik(flat[i : i + 2000])[0] for i in range(0, c * s, 2000)]).reshape(c, s)
+        pot = nll + 0.5 * (d * d).sum(2) / self.problem.prior_sd**2
+        inv = {"potential": pot, **_frontier.functionals(d, self.hidden, self.problem, self.settings.n_probe)}
+        return d, _frontier.runs._canonical(d, self.hidden, self.problem), inv
+
+    def report(self):
+        """The diagnostics (raw, canonical, invariant; :func:`symlib.paper.frontier.judge`) recomputed from
+        the draws: canonical forms, potential and predictive functionals."""
+        d, canon, inv = self._quantities()
+        return _frontier.judge(d, canon, inv, self.hidden, self.problem)
+
+    def halves(self) -> list[float]:
+        """The worst :math:`\\hat R` (canonical forms and invariant functionals) of each half of the draws
+        judged alone, recomputed (the rule's second part, :func:`symlib.paper.frontier.halves`)."""
+        d, canon, inv = self._quantities()
+        return _frontier.runs.halves(d, canon, inv, self.hidden, self.problem)
+
+
+def _committed_paths(hidden, settings: _frontier.Settings, problem: _pd.Problem,
+                     root: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    base = Path(root) if root is not None else COMMITTED
+    name = _frontier.name(hidden, settings, problem)
+    return base / f"{name}.json", base / f"{name}.safetensors"
+
+
+def committed(hidden: Sequence[int] = HIDDEN, settings: _frontier.Settings | None = None,
+              problem: _pd.Problem = _pd.PROBLEM, root: str | os.PathLike | None = None) -> Reference | None:
+    """The committed reference of ``hidden`` with ``settings`` (default: :data:`REFERENCE` ``["cpu"]``),
+    or ``None`` when none was committed for exactly these settings and data (:func:`commit`)."""
+    from safetensors.torch import load_file
+
+    s = settings or REFERENCE["cpu"]
+    meta, tensors = _committed_paths(hidden, s, problem, root)
+    if not meta.exists():
+        return None
+    doc = json.loads(meta.read_text())
+    key = _frontier.runs._key(tuple(int(h) for h in hidden), s, problem)
+    if doc.get("key") != key:
+        raise ValueError(f"{meta} records the run {doc.get('key')}, not {key}: the file was renamed or "
+                         "edited; recompute it with `python -m symlib.paper.truth`")
+    draws = load_file(str(tensors))["draws"].double()
+    return Reference(tuple(doc["hidden"]), s, problem, draws, doc["manifest"], doc["stats"], "committed")
+
+
+def replay(hidden: Sequence[int], settings: _frontier.Settings, problem: _pd.Problem = _pd.PROBLEM,
+           rounds: int = REPLAY_ROUNDS) -> torch.Tensor:
+    """The posterior level's states ``(C, rounds, D)`` of the first ``rounds`` rounds of a fresh run
+    (initial states, initial step sizes, no warm-up): what a committed reference records to show that
+    this code and these settings start its chains."""
+    from symlib import threads
+
+    run = _frontier.Run(hidden, settings, None, problem)
+    with threads.single():
+        run._start()
+        return run.ladder.sample(rounds).draws
+
+
+def commit(run: _frontier.Run, root: str | os.PathLike | None = None) -> Path:
+    """Write a finished reference run to ``root`` (:data:`COMMITTED`): its kept draws (float32, the
+    posterior's level) and a JSON record of its checks, ladder state, machine and :func:`replay` (written
+    atomically; certified or not: a run that did not certify is committed as such). Returns the JSON's
+    path."""
+    from symlib import store
+
+    meta, tensors = _committed_paths(run.hidden, run.settings, run.problem, root)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    store.atomic_save({"draws": run.draws()["draws"].float().contiguous()}, tensors,
+                      {"format": "symlib-truth-reference/1", "key": run.key})
+    doc = {"format": "symlib-truth-reference/1", "key": run.key, "hidden": list(run.hidden),
+           "n_params": run.manifest["n_params"], "certified": run.manifest["converged_at"] is not None,
+           "settings": dataclasses.asdict(run.settings), "problem": dataclasses.asdict(run.problem),
+           "machine": _frontier.machine(), "stats": run.ladder.stats(),
+           "replay": replay(run.hidden, run.settings, run.problem).tolist(),
+           "manifest": {k: v for k, v in run.manifest.items() if k != "settings"},
+           "command": "python -m symlib.paper.truth " + " ".join(sys.argv[1:])}
+    store.files.atomic_write_bytes(meta, (json.dumps(doc, indent=1) + "\n").encode())
+    return meta
+
+
 def reference(scale: str = "cpu", hidden: Sequence[int] = HIDDEN, cache_dir: str | os.PathLike | None = None,
               settings: _frontier.Settings | None = None, problem: _pd.Problem = _pd.PROBLEM,
-              progress: bool = False) -> _frontier.Run:
-    """The posterior of ``hidden`` sampled with :data:`REFERENCE` ``[scale]`` (or ``settings``), in the
-    zoo cache (``<cache>/true-posterior/<layout>-<key>``; resumed or loaded when already there).
+              progress: bool = False, seed: int | None = None, sample: bool = True) -> Reference:
+    """The posterior of ``hidden`` sampled with :data:`REFERENCE` ``[scale]`` (or ``settings``; ``seed``
+    replaces their seed): the committed reference when one was committed for exactly these settings
+    (:func:`committed`), else a run in the zoo cache (``<cache>/true-posterior/<layout>-<key>``; resumed or
+    loaded when already there; with ``sample=False`` only a finished one, else an error that says how to
+    compute it).
 
     The sampler runs on one CPU thread (float64, whatever device the chapter uses), as every run of the
     frontier (:meth:`symlib.paper.frontier.Run.advance`): its budget means the same, and the same chains
@@ -84,11 +239,25 @@ def reference(scale: str = "cpu", hidden: Sequence[int] = HIDDEN, cache_dir: str
     from symlib import zoo
 
     s = settings or _scales.pick(scale, **REFERENCE)
+    if seed is not None:
+        s = dataclasses.replace(s, seed=int(seed))
+    found = committed(hidden, s, problem)
+    if found is not None:
+        return found
     folder = zoo.cache_dir(cache_dir) / "true-posterior" / _frontier.name(hidden, s, problem)
-    return _frontier.run(hidden, s, folder, problem, progress)
+    if not sample:
+        cached = _frontier.Run(hidden, s, folder, problem)
+        if not cached.manifest["done"]:
+            layout = " ".join(map(str, hidden))
+            raise FileNotFoundError(
+                f"no committed reference for the layout {tuple(hidden)} with these settings (seed {s.seed}), "
+                f"and none finished in {folder}; compute it once with `python -m symlib.paper.truth --hidden "
+                f"{layout} --seeds {s.seed}` (it writes {COMMITTED})")
+        return Reference.from_run(cached)
+    return Reference.from_run(_frontier.run(hidden, s, folder, problem, progress))
 
 
-def reference_set(run: _frontier.Run, n: int = 1000) -> Params:
+def reference_set(run: Reference | _frontier.Run, n: int = 1000) -> Params:
     """``n`` draws of the posterior's level evenly spaced along the chains (chain-major, the last draw of
     each chain included), as stacked :class:`symlib.models.MLPClassifier` state dicts (float32)."""
     d = run.draws()["draws"]
@@ -111,16 +280,32 @@ def plan(scale: str) -> list:
     return table1.plan(scale, hmc=False, hyper=HYPER)
 
 
+def replicate_seeds(seed: int = 0, scale: str = "cpu") -> list[int]:
+    """The run seeds of the replicated approximations: :data:`REPLICATES` ``[scale]`` seeds from ``seed``
+    up, skipping the DE target's (``seed + TARGET_SEED_OFFSET``), so that no replicate shares a network
+    with the target or with another replicate (:mod:`symlib.posteriors.seeds`)."""
+    n = _scales.pick(scale, **REPLICATES)
+    target = seed + TARGET_SEED_OFFSET
+    out, r = [], seed
+    while len(out) < n:
+        if r != target:
+            out.append(r)
+        r += 1
+    return out
+
+
 def produce(setup, scale: str, seed: int = 0, progress: bool = False,
-            timings: dict | None = None) -> dict[tuple[str, str], Any]:
-    """Every row of :func:`plan` and the DE target (label ``("DE", "target")``, run seed
-    ``seed + TARGET_SEED_OFFSET``), produced or loaded through :func:`symlib.paper.table1.produce`."""
+            timings: dict | None = None, target: bool = True) -> dict[tuple[str, str], Any]:
+    """Every row of :func:`plan` with run seed ``seed`` and, with ``target``, the DE target (label
+    ``("DE", "target")``, run seed ``seed + TARGET_SEED_OFFSET``), produced or loaded through
+    :func:`symlib.paper.table1.produce`."""
     from symlib.paper import table1
 
     sets = table1.produce(setup, plan(scale), seed, progress=progress, timings=timings)
-    target = table1.Entry("ensemble", "target", target_size(scale), 1)
-    sets.update(table1.produce(setup, [target], seed + TARGET_SEED_OFFSET, progress=progress,
-                               timings=timings))
+    if target:
+        entry = table1.Entry("ensemble", "target", target_size(scale), 1)
+        sets.update(table1.produce(setup, [entry], seed + TARGET_SEED_OFFSET, progress=progress,
+                                   timings=timings))
     return sets
 
 
@@ -174,7 +359,8 @@ def ranking_agreement(to_target: Mapping[tuple[str, str], Any], to_truth: Mappin
         level: of the percentile interval.
 
     Returns:
-        ``{symmetries: {"tau", "low", "high", "p", "n", "replicates"}}``: :math:`\tau` of the point estimates,
+        ``{symmetries: {"tau", "low", "high", "p", "n", "replicates"}}``, keyed (label the rows by key with
+        :func:`labelled`, never by position): :math:`\tau` of the point estimates,
         the percentile interval of :math:`\tau` over the bootstrap replicates (replicate ``b`` of every
         comparison resamples the same target checkpoints), scipy's two-sided p-value of "no association"
         and the number of rows.
@@ -184,7 +370,8 @@ def ranking_agreement(to_target: Mapping[tuple[str, str], Any], to_truth: Mappin
     from symlib.stats.mmd.kernels import reduce
 
     out = {}
-    syms = sorted({sym for (_, sym) in to_target} & {sym for (_, sym) in to_truth})
+    both = {sym for (_, sym) in to_target} & {sym for (_, sym) in to_truth}
+    syms = [k for k in SYMMETRIES if k in both] + sorted(both - set(SYMMETRIES))
     for sym in syms:
         a = np.array([float(to_target[(n, sym)].value(kernels)) for n in names])
         b = np.array([float(to_truth[(n, sym)].value(kernels)) for n in names])
@@ -206,14 +393,287 @@ def ranking_agreement(to_target: Mapping[tuple[str, str], Any], to_truth: Mappin
     return out
 
 
+SYMMETRIES = {"raw": "raw weights (MMD)", "ns": "symmetries removed (NS)"}
+"""The label of each comparison's key (:func:`ranking_agreement`, :func:`replicated_agreement`): tables
+built from their results keep the keys and take these labels by key, never by position."""
+
+
+def labelled(result: Mapping[str, Mapping[str, float]]):
+    """A result keyed by symmetries (``{"raw": {...}, "ns": {...}}``) as a table whose rows carry the
+    :data:`SYMMETRIES` label of their own key."""
+    import pandas as pd
+
+    unknown = set(result) - set(SYMMETRIES)
+    if unknown:
+        raise KeyError(f"no label for {sorted(unknown)}: expected keys among {sorted(SYMMETRIES)}")
+    frame = pd.DataFrame.from_dict({SYMMETRIES[k]: dict(v) for k, v in result.items()}, orient="index")
+    frame.index.name = "comparison"
+    return frame
+
+
+def _signs(values: np.ndarray) -> np.ndarray:
+    """``sign(v[i, a] - v[j, b])`` for every pair of rows ``i < j``: ``(P, R, R)`` from ``(n, R)``."""
+    n = values.shape[0]
+    i, j = np.triu_indices(n, 1)
+    return np.sign(values[i][:, :, None] - values[j][:, None, :])
+
+
+def replicated_tau(to_target: np.ndarray, to_truth: np.ndarray) -> np.ndarray:
+    r"""Kendall's :math:`\tau_b` for every combination of replicates and references.
+
+    Args:
+        to_target: ``(n, R)``, row ``i``'s replicate ``r`` distance to the DE target (or any score; ties,
+            e.g. of an indicator, are counted as :math:`\tau_b` does).
+        to_truth: ``(n, R, K)``, the same replicate's distance to reference ``k``.
+
+    Returns:
+        ``(R,) * n + (K,)``: :math:`\tau_b` between the two orders when row ``i`` is represented by
+        replicate ``r_i`` (the same replicate in both orders) and the truth by reference ``k``.
+    """
+    a = np.asarray(to_target, np.float64)
+    b = np.asarray(to_truth, np.float64)
+    n, r = a.shape
+    if b.shape[:2] != (n, r) or b.ndim != 3:
+        raise ValueError(f"to_truth must be (rows, replicates, references) = ({n}, {r}, K), got {b.shape}")
+    k = b.shape[2]
+    if n > 14 or r**n * k > 5_000_000:
+        raise ValueError(f"{r}^{n} x {k} combinations are too many to enumerate; rank fewer rows or "
+                         "replicates")
+    sa = _signs(a)  # (P, R, R)
+    sb = np.stack([_signs(b[:, :, q]) for q in range(k)], -1)  # (P, R, R, K)
+    shape = (r,) * n + (k,)
+    num = np.zeros(shape)
+    ta = np.zeros(shape)
+    tb = np.zeros(shape)
+    for p, (i, j) in enumerate(zip(*np.triu_indices(n, 1), strict=True)):
+        view = [1] * (n + 1)
+        view[i], view[j], view[n] = r, r, k
+        num += (sa[p][:, :, None] * sb[p]).reshape(view)
+        ta += (sa[p][:, :, None] == 0).astype(np.float64).repeat(k, 2).reshape(view)
+        tb += (sb[p] == 0).astype(np.float64).reshape(view)
+    pairs = n * (n - 1) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return num / np.sqrt((pairs - ta) * (pairs - tb))
+
+
+def replicated_agreement(to_target: Mapping[str, Mapping[tuple, float]],
+                         to_truth: Mapping[str, Mapping[tuple, float]], groups: Mapping[str, Sequence[str]],
+                         level: float = 0.95) -> dict[tuple[str, str], dict[str, float]]:
+    r"""Kendall's :math:`\tau` between the rows' distances to the DE target and to the true posterior, over
+    replicated methods and several references.
+
+    Args:
+        to_target: ``{symmetries: {(row, replicate): distance}}``.
+        to_truth: ``{symmetries: {(row, replicate, reference): distance}}``, every row with the same
+            replicates and references.
+        groups: ``{group: rows}``, e.g. every row, without the deep ensemble, the one-mode rows.
+        level: of the percentile interval over the combinations.
+
+    Returns:
+        ``{(group, symmetries): {"tau", "mean", "low", "high", "min", "max", "n", "combinations"}}``:
+        ``tau`` at the first replicate and reference (the tables' point), then the mean, the percentile
+        interval and the range over every combination (each row represented by any one of its replicates,
+        the truth by any one reference: :func:`replicated_tau`).
+    """
+    out = {}
+    for sym in to_target:
+        reps = sorted({r for (_, r) in to_target[sym]})
+        refs = sorted({q for (_, _, q) in to_truth[sym]})
+        for group, rows in groups.items():
+            missing = [(n, r) for n in rows for r in reps if (n, r) not in to_target[sym]] + [
+                (n, r, q) for n in rows for r in reps for q in refs if (n, r, q) not in to_truth[sym]]
+            if missing:
+                raise KeyError(f"{sym}: no distance for {missing[:3]} (group {group!r})")
+            a = np.array([[to_target[sym][(n, r)] for r in reps] for n in rows])
+            b = np.array([[[to_truth[sym][(n, r, q)] for q in refs] for r in reps] for n in rows])
+            taus = replicated_tau(a, b).ravel()
+            lo, hi = np.nanquantile(taus, [(1 - level) / 2, (1 + level) / 2])
+            out[(group, sym)] = {"tau": float(replicated_tau(a[:, :1], b[:, :1, :1]).ravel()[0]),
+                                 "mean": float(np.nanmean(taus)), "low": float(lo), "high": float(hi),
+                                 "min": float(np.nanmin(taus)), "max": float(np.nanmax(taus)),
+                                 "n": len(rows), "combinations": int(taus.size)}
+    return out
+
+
+def _least_ess(d) -> float:
+    return float(min(d.ess_bulk.min(), d.ess_tail.min()))
+
+
+PILOT = COMMITTED / "pilot.json"
+"""The committed pilot of the references' step sizes (:func:`pilot`)."""
+
+
+def pilot(hidden: Sequence[int] = HIDDEN, seeds: Sequence[int] = REFERENCE_SEEDS,
+          target_accepts: Sequence[float] = (_frontier.SETTINGS.target_accept, TARGET_ACCEPT),
+          segments: int = 4, out: str | os.PathLike | None = PILOT) -> dict[str, Any]:
+    """Short runs of the reference's sampler (warm-up, then ``segments`` checks) for every seed and target
+    acceptance: the divergent trajectories at each level, the step size at the posterior's level and the
+    diagnostics at each check. Written to ``out`` (atomically; ``None``: not written) and returned."""
+    from symlib import store
+
+    runs = []
+    for ta in target_accepts:
+        for k in seeds:
+            s = dataclasses.replace(REFERENCE["cpu"], target_accept=float(ta), seed=int(k))
+            r = _frontier.Run(hidden, s, None)
+            r.advance(max_segments=segments)
+            runs.append({"target_accept": float(ta), "seed": int(k), "checks": r.manifest["checks"],
+                         "cpu_s": round(r.manifest["cpu_s"], 2)})
+    doc = {"format": "symlib-truth-pilot/1", "hidden": list(hidden), "machine": _frontier.machine(),
+           "settings": dataclasses.asdict(REFERENCE["cpu"]), "runs": runs}
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        store.files.atomic_write_bytes(out, (json.dumps(doc, indent=1) + "\n").encode())
+    return doc
+
+
+def pilot_frame(doc: Mapping[str, Any]):
+    """The pilot (:func:`pilot`) as a table, one line per target acceptance and seed, from its last check."""
+    import pandas as pd
+
+    lines = {}
+    for run in doc["runs"]:
+        last = run["checks"][-1]
+        sam = last["sampler"]
+        lines[(run["target_accept"], run["seed"])] = {
+            "draws per chain": last["draws"], "step size at beta = 1": sam["step_cold"],
+            "divergent at beta = 1": sam["divergences_per_level"][0],
+            "share at beta = 1": sam["divergent_share_cold"],
+            "divergent, all levels": sum(sam["divergences_per_level"]),
+            "worst R-hat (canonical)": last["canonical"]["rhat_max"], "CPU s": run["cpu_s"]}
+    frame = pd.DataFrame.from_dict(lines, orient="index")
+    frame.index = pd.MultiIndex.from_tuples(frame.index, names=["target acceptance", "seed"])
+    return frame
+
+
+def reference_summary(refs: Mapping[int, Reference], reports: Mapping[int, Any]):
+    """One line per reference (keyed by its seed): where it comes from, its length and cost, its ladder,
+    the diagnostics recomputed from its draws (``reports``, :meth:`Reference.report`), the last two checks
+    of its run, each half's worst :math:`\\hat R` and its divergent trajectories; ``certified`` is the
+    rule at its last check (:func:`symlib.paper.frontier.certify`)."""
+    import pandas as pd
+
+    lines = {}
+    for k, ref in refs.items():
+        rep, man, st = reports[k], ref.manifest, ref.stats
+        checks = man.get("checks") or [{}]
+        last = checks[-1]
+        per_level = st.get("divergences_per_level") or []
+        trajectories = st.get("trajectories_per_level") or 0
+        lines[k] = {
+            "source": ref.source, "draws per chain": rep.n_draws,
+            "CPU s": round(man["cpu_s"], 1), "levels": len(st["betas"]),
+            "barrier": man["warmup"][-1]["barrier"] if man.get("warmup") else np.nan,
+            "worst R-hat (canonical)": float(rep["canonical"].rhat.max()),
+            "worst R-hat (invariant)": float(rep["invariant"].rhat.max()),
+            "worst R-hat (raw)": float(rep["raw"].rhat.max()),
+            "least ESS (canonical)": _least_ess(rep["canonical"]),
+            "least ESS (invariant)": _least_ess(rep["invariant"]),
+            "criterion at the last two checks": " / ".join(
+                "yes" if c.get("criterion", c.get("converged")) else "no" for c in checks[-2:]),
+            "worst R-hat of each half": " / ".join(f"{h:.4f}" for h in (last.get("halves") or [])) or "-",
+            "divergent at beta = 1": per_level[0] if per_level else np.nan,
+            "share at beta = 1": per_level[0] / trajectories if per_level and trajectories else np.nan,
+            "divergent, all levels": sum(per_level) if per_level else np.nan,
+            "round trips (least chain)": min(st["round_trips"]),
+            "certified": "yes" if ref.certified else "no",
+        }
+    frame = pd.DataFrame.from_dict(lines, orient="index")
+    frame.index.name = "reference seed"
+    return frame
+
+
+def distances(lay, rows: Mapping[Any, str], reference: str, symmetries: Sequence[str] = ("raw", "ns"),
+              kernels: str = "median", known: Mapping[tuple[str, str], Any] | None = None
+              ) -> dict[str, dict[Any, float]]:
+    """:math:`100 \\times` the MMD (the point value, as the tables print it) of every set of ``rows``
+    (``{key: name in lay}``) against the set ``reference`` of a :func:`symlib.stats.mmd.layered`:
+    ``{symmetries: {key: distance}}``. ``known``: results already measured against ``reference``
+    (:func:`symlib.stats.mmd.layered_table`, ``{(name, symmetries): Result}``), read instead of measured
+    again."""
+    from symlib.stats import mmd as _mmd
+
+    known = known or {}
+
+    def one(name: str, sym: str) -> float:
+        res = known.get((name, sym)) or _mmd.mmd(lay.pair(reference, name, sym))
+        return 100 * float(res.value(kernels))
+
+    return {sym: {key: one(name, sym) for key, name in rows.items()} for sym in symmetries}
+
+
+def spread(to_target: Mapping[str, Mapping[tuple, float]], to_truth: Mapping[str, Mapping[tuple, float]],
+           names: Sequence[str]):
+    """Per row and comparison, the replicates' distances to the DE target and to the true posterior (every
+    reference): mean, least and largest (:math:`100 \\times` the MMD), keyed by row name and by the
+    :data:`SYMMETRIES` label of each comparison."""
+    import pandas as pd
+
+    cols = {}
+    for sym, label in SYMMETRIES.items():
+        if sym not in to_target:
+            continue
+        for who, src in (("target", to_target[sym]), ("HMC", to_truth[sym])):
+            vals = {n: [v for key, v in src.items() if key[0] == n] for n in names}
+            cols[(label, f"to {who}", "mean")] = {n: float(np.mean(v)) for n, v in vals.items()}
+            cols[(label, f"to {who}", "least")] = {n: float(np.min(v)) for n, v in vals.items()}
+            cols[(label, f"to {who}", "largest")] = {n: float(np.max(v)) for n, v in vals.items()}
+    frame = pd.DataFrame(cols)
+    frame.columns.names = ["comparison", "distance", "over replicates"]
+    return frame.loc[list(names)]
+
+
 def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, progress: bool = True) -> dict[str, float]:
-    """Produce (or check) what the chapter loads, as it asks for it: the reference posterior of
-    :data:`HIDDEN` (:func:`reference`) and the sample sets of its Table 1 (:func:`produce`); returns the
-    seconds each took (``make zoo``, :mod:`symlib.paper.caches`)."""
+    """Produce (or check) what the chapter loads, as it asks for it: the references of :data:`HIDDEN`
+    (:func:`reference`, one per :data:`REFERENCE_SEEDS`; at the ``cpu`` scale the committed ones, never
+    sampled here) and the replicated sample sets of its Table 1 (:func:`produce` for every
+    :func:`replicate_seeds`); returns the seconds each took (``make zoo``, :mod:`symlib.paper.caches`)."""
     import time
 
     t0 = time.perf_counter()
-    reference(scale, HIDDEN, progress=progress)
+    for k in REFERENCE_SEEDS:
+        reference(scale, HIDDEN, progress=progress, seed=k, sample=scale != "cpu")
     t1 = time.perf_counter()
-    produce(_pd.setup(HIDDEN, scale, device), scale, seed, progress=progress)
-    return {"reference": t1 - t0, "sample sets": time.perf_counter() - t1}
+    setup = _pd.setup(HIDDEN, scale, device)
+    for r in replicate_seeds(seed, scale):
+        produce(setup, scale, r, progress=progress, target=r == seed)
+    return {"references": t1 - t0, "sample sets": time.perf_counter() - t1}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m symlib.paper.truth``: sample the chapter's references until certified (resumable, in the
+    zoo cache) and commit them (:func:`commit`); returns the exit status (1 when one did not certify)."""
+    p = argparse.ArgumentParser(prog="python -m symlib.paper.truth",
+                                description="Sample and commit the certified references of chapter "
+                                            "'Against the true posterior'.")
+    p.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN),
+                   help="hidden widths: 16, or 4 4")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(REFERENCE_SEEDS),
+                   help="one independent reference per seed, one after the other (run several commands "
+                        "to use several cores)")
+    p.add_argument("--budget", type=float, default=REFERENCE["cpu"].budget, help="sampler CPU seconds")
+    p.add_argument("--root", default=None, help=f"where to commit (default {COMMITTED})")
+    p.add_argument("--pilot", action="store_true",
+                   help=f"instead: the short runs that chose the step sizes, into {PILOT}")
+    args = p.parse_args(argv)
+    if args.pilot:
+        doc = pilot(args.hidden, args.seeds)
+        print(pilot_frame(doc).to_string(), flush=True)
+        return 0
+    failed = 0
+    for k in args.seeds:
+        s = dataclasses.replace(REFERENCE["cpu"], budget=args.budget, seed=k)
+        from symlib import zoo
+
+        folder = zoo.cache_dir() / "true-posterior" / _frontier.name(args.hidden, s)
+        run = _frontier.run(args.hidden, s, folder, progress=True)
+        path = commit(run, args.root)
+        ok = run.manifest["converged_at"] is not None
+        failed += not ok
+        print(f"{tuple(args.hidden)} seed {k}: {'certified' if ok else 'NOT certified'} after "
+              f"{run.manifest['cpu_s']:.0f} CPU s; committed {path}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,7 @@ import numpy as np
 
 from symlib.plotting import style as _style  # noqa: F401  (sets the book's plotting style)
 
-__all__ = ["frontier", "two_targets"]
+__all__ = ["frontier", "tau_spread", "two_targets"]
 
 
 def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
@@ -131,4 +131,41 @@ def two_targets(frame, columns: Sequence[str] = ("MMD", "NS")):
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def tau_spread(frame, floors: Mapping[str, float] | None = None):
+    r"""Kendall's :math:`\tau` of each group of rows and comparison: the point of the tables (dot), the
+    percentile interval over every combination of replicates and references (thick bar) and their range
+    (thin bar), one panel per comparison.
+
+    Args:
+        frame: indexed by ``(group, comparison)``, with columns ``"tau"``, ``"low"``, ``"high"``, ``"min"``,
+            ``"max"`` (:func:`symlib.paper.truth.replicated_agreement`, labelled).
+        floors: ``{comparison: value}`` drawn as a dashed line in that comparison's panel (e.g. what the
+            one-mode/multi-mode split alone reaches), or ``None``.
+
+    Returns:
+        The figure; the groups read from the top in the order of ``frame``.
+    """
+    comparisons = list(dict.fromkeys(frame.index.get_level_values(1)))
+    groups = list(dict.fromkeys(frame.index.get_level_values(0)))
+    fig, axs = plt.subplots(1, len(comparisons), figsize=(5 * len(comparisons), 0.55 * len(groups) + 1.4),
+                            squeeze=False, sharey=True)
+    for ax, comp in zip(axs[0], comparisons, strict=True):
+        for y, g in enumerate(groups):
+            if (g, comp) not in frame.index:
+                continue
+            row = frame.loc[(g, comp)]
+            ax.plot([row["min"], row["max"]], [y, y], color="0.55", lw=1)
+            ax.plot([row["low"], row["high"]], [y, y], color="C0", lw=5, solid_capstyle="butt")
+            ax.plot(row["tau"], y, "o", color="C3", ms=6, zorder=3)
+        ax.axvline(0, color="0.6", lw=0.6)
+        floor = (floors or {}).get(comp)
+        if floor is not None and np.isfinite(floor):
+            ax.axvline(floor, color="0.3", lw=0.8, ls="--")
+        ax.set(xlim=(-1.05, 1.05), title=comp, xlabel=r"Kendall's $\tau$ (target vs. true posterior)")
+    axs[0][0].set_yticks(range(len(groups)), groups)
+    axs[0][0].set_ylim(len(groups) - 0.5, -0.5)  # the first group on top (the axis is shared)
+    fig.tight_layout()
     return fig

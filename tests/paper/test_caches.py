@@ -68,16 +68,41 @@ def test_every_cache_fills_on_cuda(tmp_path, monkeypatch):
 
 
 def test_the_reference_is_sampled_beside_table1s_sets(tmp_path, monkeypatch, capsys):
-    """`make zoo` samples the true posterior's reference in a process of its own while Table 1's sets are
-    produced; the chapter then loads it from the cache."""
+    """`make zoo` samples the true posterior's references (one per seed) in a process of its own while
+    Table 1's sets are produced; the chapter then loads them from the cache."""
     from symlib.paper import truth
 
     monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path))
     monkeypatch.setattr(caches, "_table1_sets", lambda *a, **k: None)
     monkeypatch.setattr(truth, "produce", lambda *a, **k: None)  # the MLP's sets: tested elsewhere
     assert caches.main(["--scale", "tiny", "--no-progress"]) == 0
-    assert "(the reference sampled beside Table 1's sets)" in capsys.readouterr().err
-    assert truth.reference("tiny").manifest["done"]  # loaded from what the child wrote
+    assert "(the references sampled beside Table 1's sets)" in capsys.readouterr().err
+    for k in truth.REFERENCE_SEEDS:  # loaded from what the child wrote, nothing sampled here
+        ref = truth.reference("tiny", seed=k, sample=False)
+        assert ref.manifest["done"] and ref.settings.seed == k and ref.source == "sampled"
+    import torch
+
+    first, second = (truth.reference("tiny", seed=k, sample=False).samples for k in truth.REFERENCE_SEEDS)
+    assert not torch.equal(first, second)  # independent starts and streams
+
+
+def test_make_zoo_at_cpu_checks_the_committed_references_and_samples_nothing(tmp_path, monkeypatch, capsys):
+    """At the cpu scale the references are committed: `make zoo` loads them and never starts a sampler
+    (neither beside Table 1's sets nor in its own process)."""
+    from symlib.paper import frontier, truth
+
+    monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path))
+    monkeypatch.setattr(caches, "_table1_sets", lambda *a, **k: None)
+    monkeypatch.setattr(caches.zoo, "load_or_train", lambda *a, **k: None)
+    monkeypatch.setattr(truth, "produce", lambda *a, **k: None)
+
+    def no_sampling(*a, **k):
+        raise AssertionError("make zoo sampled a reference at the cpu scale")
+
+    monkeypatch.setattr(frontier, "run", no_sampling)
+    monkeypatch.setattr(caches, "_Beside", no_sampling)
+    assert caches.main(["--scale", "cpu", "--no-progress"]) == 0
+    assert "(the committed references checked)" in capsys.readouterr().err
 
 
 def test_the_reference_process_reports_its_failure(tmp_path, monkeypatch):

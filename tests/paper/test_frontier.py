@@ -122,8 +122,9 @@ def test_committed_frontier_is_a_sweep_of_the_chapter_settings():
     problem: every size of SIZES, and its converged sizes met the criterion at the check they record."""
     doc = F.results()
     assert doc["format"] == "symlib-frontier/1"
-    assert doc["settings"] == {**dataclasses.asdict(F.SETTINGS), "budget": doc["settings"]["budget"],
-                               "warmup": list(F.SETTINGS.warmup)}
+    assert F.sampler_settings(doc["settings"]) == {**F.sampler_settings(F.SETTINGS),
+                                                   "budget": doc["settings"]["budget"]}
+    assert F.rule(doc["settings"]) == F.EARLIER_RULE  # judged before the rule had fields: a rerun is due
     assert [tuple(r["hidden"]) for r in doc["sizes"]] == [tuple(h) for h in F.SIZES]
     for r in doc["sizes"]:
         assert r["n_params"] == P.n_params(r["hidden"])
@@ -172,3 +173,22 @@ def test_frame_lines_up_the_committed_runs():
     assert a.index.name == "variant" and list(a.index) == list(abl)
     with pytest.raises(ValueError, match="2 labels for 1 rows"):
         F.frame(doc["sizes"][:1], labels=["a", "b"])
+
+
+def test_certification_needs_consecutive_checks_both_halves_and_few_divergences():
+    """The rule fixed before looking: the criterion at the last two checks in a row, each half alone below
+    R-hat 1.01, and a divergent share at the posterior's level at most the stated one."""
+    from symlib.paper.frontier import runs
+
+    s = runs.SETTINGS
+    assert s.confirm == 2 and s.halves and s.max_divergent == 0.01
+    good = [1.004, 1.006]
+    assert runs.certify([False, True, True], good, 0.0, s)
+    assert not runs.certify([False, True], good, 0.0, s)  # the first check that passes is not enough
+    assert not runs.certify([True, False, True], good, 0.0, s)
+    assert not runs.certify([True, True], [1.004, 1.019], 0.0, s)  # one half alone fails
+    assert not runs.certify([True, True], None, 0.0, s)
+    assert not runs.certify([True, True], good, 0.011, s)
+    assert runs.certify([True, True], good, 0.01, s)
+    earlier = dataclasses.replace(s, confirm=1, halves=False, max_divergent=1.0)
+    assert runs.certify([False, True], None, 0.5, earlier)

@@ -129,9 +129,11 @@ def test_the_chapters_defaults_are_what_make_zoo_caches():
                                    warmup=tuple(ns["warmup"]), mass=ns["mass"], orbit_moves=ns["orbit_moves"],
                                    shift_moves=ns["shift_moves"], budget=ns["frontier_budget"])
     assert settings == F.SETTINGS
-    until_converged = dataclasses.replace(settings, rounds=None, budget=ns["reference_budget"])
+    until_converged = dataclasses.replace(settings, rounds=None, budget=ns["reference_budget"],
+                                          target_accept=ns["reference_target_accept"])
     assert until_converged == truth.REFERENCE["cpu"]
-    assert dataclasses.replace(settings, rounds=ns["reference_rounds"]) == truth.REFERENCE["paper"]
+    assert dataclasses.replace(settings, rounds=ns["reference_rounds"],
+                               target_accept=ns["reference_target_accept"]) == truth.REFERENCE["paper"]
     assert tuple(ns["hidden"]) == truth.HIDDEN and ns["scale"] == "cpu"
 
 
@@ -154,3 +156,99 @@ def test_the_reference_samples_on_one_thread_whatever_the_callers_count(tmp_path
         assert r.manifest["done"] and r.draws()["draws"].shape[:2] == (s.n_chains, 10)
     finally:
         torch.set_num_threads(before)
+
+
+def test_each_label_gets_its_own_tau_where_raw_and_ns_rankings_differ(spec_sets):
+    """The two comparisons rank the rows differently (NS reverses the raw order): each labelled row of the
+    table carries the tau of its own key, recomputed here with scipy from the distances it ranks."""
+    lay, names = spec_sets
+    raw_t = mmd.layered_table(lay, "target", names, ("raw",), n_bootstrap=20, seed=0)
+    raw_o = mmd.layered_table(lay, "other", names, ("raw",), n_bootstrap=20, seed=0)
+    # "ns": the same results with the truth's order reversed, so its tau is minus the raw one
+    ns_t = {(n, "ns"): raw_t[(n, "raw")] for n in names}
+    ns_o = {(n, "ns"): raw_o[(names[-1 - i], "raw")] for i, n in enumerate(names)}
+    table = truth.labelled(truth.ranking_agreement({**raw_t, **ns_t}, {**raw_o, **ns_o}, names))
+    a = [float(raw_t[(n, "raw")].value()) for n in names]
+    b = [float(raw_o[(n, "raw")].value()) for n in names]
+    tau_raw = stats.kendalltau(a, b).statistic
+    tau_ns = stats.kendalltau(a, b[::-1]).statistic
+    assert tau_raw != pytest.approx(tau_ns)
+    assert table.loc[truth.SYMMETRIES["raw"], "tau"] == pytest.approx(tau_raw)
+    assert table.loc[truth.SYMMETRIES["ns"], "tau"] == pytest.approx(tau_ns)
+    with pytest.raises(KeyError, match="no label"):
+        truth.labelled({"sorted": {"tau": 0.0}})
+
+
+def test_replicated_tau_is_scipys_for_every_combination():
+    """Every combination of replicates (one per row, the same in both orders) and references gives scipy's
+    tau_b of the rows it picks, ties of an indicator included."""
+    import itertools
+
+    g = np.random.default_rng(0)
+    n, r, k = 5, 3, 2
+    a, b = g.normal(size=(n, r)), g.normal(size=(n, r, k))
+    indicator = np.repeat(np.array([[0.0], [0.0], [1.0], [1.0], [1.0]]), r, 1)
+    for scores in (a, indicator):
+        taus = truth.replicated_tau(scores, b)
+        assert taus.shape == (r,) * n + (k,)
+        for combo in itertools.product(range(r), repeat=n):
+            for q in range(k):
+                x = [scores[i, combo[i]] for i in range(n)]
+                y = [b[i, combo[i], q] for i in range(n)]
+                assert taus[combo + (q,)] == pytest.approx(stats.kendalltau(x, y).statistic, abs=1e-12)
+    with pytest.raises(ValueError, match="rows, replicates, references"):
+        truth.replicated_tau(a, b[:, :2])
+
+
+def test_replicated_agreement_spans_the_replicates_and_names_missing_ones():
+    g = np.random.default_rng(1)
+    rows, reps, refs = [f"m{i}" for i in range(6)], [0, 2, 3], [0, 1]
+    base = np.arange(6.0)
+    to_target = {"raw": {(n, r): base[i] + 0.8 * g.normal() for i, n in enumerate(rows) for r in reps}}
+    to_truth = {"raw": {(n, r, q): base[i] + 0.8 * g.normal() for i, n in enumerate(rows) for r in reps
+                        for q in refs}}
+    out = truth.replicated_agreement(to_target, to_truth, {"all": rows, "first half": rows[:3]})
+    row = out[("all", "raw")]
+    assert row["combinations"] == 3**6 * 2 and row["n"] == 6
+    assert row["min"] <= row["low"] <= row["mean"] <= row["high"] <= row["max"]
+    point = stats.kendalltau([to_target["raw"][(n, 0)] for n in rows],
+                             [to_truth["raw"][(n, 0, 0)] for n in rows]).statistic
+    assert row["tau"] == pytest.approx(point)
+    assert out[("first half", "raw")]["combinations"] == 3**3 * 2
+    del to_truth["raw"][("m1", 2, 1)]
+    with pytest.raises(KeyError, match="m1"):
+        truth.replicated_agreement(to_target, to_truth, {"all": rows})
+
+
+def test_replicate_seeds_skip_the_targets():
+    assert truth.replicate_seeds(0, "cpu") == [0, 2, 3]
+    assert truth.replicate_seeds(5, "tiny") == [5, 7]
+    assert all(s != 4 + truth.TARGET_SEED_OFFSET for s in truth.replicate_seeds(4, "paper"))
+
+
+def test_distances_are_the_tables_values_and_reuse_what_is_known(spec_sets, monkeypatch):
+    lay, names = spec_sets
+    table = mmd.layered_table(lay, "target", names, ("raw",), n_permutations=20, seed=0)
+    fresh = truth.distances(lay, {(n, 0): n for n in names}, "target", ("raw",))["raw"]
+    for n in names:
+        assert fresh[(n, 0)] == pytest.approx(100 * float(table[(n, "raw")].value()), rel=1e-12)
+
+    def measured(*a, **k):
+        raise AssertionError("a known distance was measured again")
+
+    monkeypatch.setattr(mmd, "mmd", measured)
+    again = truth.distances(lay, {(n, 0): n for n in names}, "target", ("raw",), known=table)["raw"]
+    assert again == {(n, 0): 100 * float(table[(n, "raw")].value()) for n in names}
+
+
+def test_spread_is_keyed_by_row_and_label():
+    to_target = {"ns": {("a", 0): 1.0, ("a", 2): 3.0, ("b", 0): 5.0, ("b", 2): 7.0}}
+    to_truth = {"ns": {("a", 0, 0): 2.0, ("a", 0, 1): 4.0, ("a", 2, 0): 6.0, ("a", 2, 1): 8.0,
+                       ("b", 0, 0): 1.0, ("b", 0, 1): 1.0, ("b", 2, 0): 1.0, ("b", 2, 1): 1.0}}
+    frame = truth.spread(to_target, to_truth, ["b", "a"])
+    lab = truth.SYMMETRIES["ns"]
+    assert list(frame.index) == ["b", "a"]
+    assert frame.loc["a", (lab, "to target", "mean")] == 2.0
+    assert frame.loc["a", (lab, "to HMC", "least")] == 2.0
+    assert frame.loc["a", (lab, "to HMC", "largest")] == 8.0
+    assert frame.loc["b", (lab, "to HMC", "mean")] == 1.0

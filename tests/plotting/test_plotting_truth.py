@@ -52,3 +52,20 @@ def test_frontier_marks_sizes_and_the_budget():
     assert list(np.round(ax.get_yticks())) == [40, 202]
     lo, hi = ax.get_xlim()
     assert lo <= 200 and hi >= 1250
+
+
+def test_tau_spread_draws_each_group_in_order_with_its_panels_own_floor():
+    import pandas as pd
+
+    from symlib.plotting import truth as plotting_truth
+
+    groups = ["all rows", "one-mode rows", "the mode split alone"]
+    idx = pd.MultiIndex.from_tuples([(g, c) for c in ("raw", "NS") for g in groups])
+    frame = pd.DataFrame({"tau": 0.5, "low": 0.3, "high": 0.7, "min": 0.1, "max": 0.9}, index=idx)
+    fig = plotting_truth.tau_spread(frame, floors={"raw": 0.2, "NS": 0.6})
+    raw, ns = fig.axes
+    assert [t.get_text() for t in raw.get_yticklabels()] == groups
+    assert raw.get_ylim()[0] > raw.get_ylim()[1]  # the first group on top
+    dashed = {ax.get_title(): [ln.get_xdata()[0] for ln in ax.lines if ln.get_linestyle() == "--"]
+              for ax in (raw, ns)}
+    assert dashed == {"raw": [0.2], "NS": [0.6]}

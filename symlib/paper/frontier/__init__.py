@@ -38,11 +38,25 @@ import torch
 
 from symlib import store
 from symlib.paper import pca_digits as _pd
-from symlib.paper.frontier.runs import SETTINGS, Run, Settings, functionals, judge, name, run, spec
+from symlib.paper.frontier.runs import (
+    ESS,
+    RHAT,
+    SETTINGS,
+    Run,
+    Settings,
+    certify,
+    functionals,
+    halves,
+    judge,
+    name,
+    run,
+    spec,
+)
 
-__all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "RESULTS", "SETTINGS", "SIZES", "Run", "Settings",
-           "ablation", "frame", "functionals", "judge", "machine", "main", "name", "results", "run",
-           "spec", "summary", "sweep"]
+__all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "EARLIER_RULE", "ESS", "RESULTS", "RHAT",
+           "RULE_FIELDS", "SETTINGS", "SIZES", "Run", "Settings", "ablation", "certify", "frame",
+           "functionals", "halves", "judge", "machine", "main", "name", "results", "rule", "run",
+           "sampler_settings", "spec", "summary", "sweep"]
 
 SIZES: tuple[tuple[int, ...], ...] = ((2,), (4,), (8,), (16,), (32,), (2, 2), (4, 4), (8, 8), (16, 16))
 """The hidden layouts of the frontier: one and two hidden layers of growing width."""
@@ -65,6 +79,27 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "10 leapfrog steps": {"n_leapfrog": 10},
 }
 """Each variant of the ablation: the settings it changes from :data:`SETTINGS`."""
+
+
+RULE_FIELDS = ("confirm", "halves", "max_divergent")
+"""The fields of :class:`Settings` that make the certification rule (:func:`certify`), not the sampler."""
+
+EARLIER_RULE: dict[str, Any] = {"confirm": 1, "halves": False, "max_divergent": None}
+"""The rule of results written before the rule had fields of its own: the first check at which the
+criterion held, no halves, no limit on divergences."""
+
+
+def rule(settings: dict[str, Any]) -> dict[str, Any]:
+    """The certification rule a committed result's ``settings`` were judged by (:data:`EARLIER_RULE` for
+    fields it does not record)."""
+    return {k: settings.get(k, v) for k, v in EARLIER_RULE.items()}
+
+
+def sampler_settings(settings: Settings | dict[str, Any]) -> dict[str, Any]:
+    """The sampler's part of ``settings`` (without :data:`RULE_FIELDS`), JSON-like (tuples as lists):
+    what a committed result and a run must share to be the same sampler."""
+    d = dataclasses.asdict(settings) if isinstance(settings, Settings) else dict(settings)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items() if k not in RULE_FIELDS}
 
 
 def machine() -> dict[str, Any]:
@@ -124,7 +159,8 @@ def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str] | None = None):
                 "worst R-hat (invariant)": last["invariant"]["rhat_max"],
                 "least ESS (canonical)": last["canonical"]["ess_min"],
                 "least ESS (invariant)": last["invariant"]["ess_min"],
-                "round trips (least chain)": min(last["sampler"]["round_trips"])}
+                "round trips (least chain)": min(last["sampler"]["round_trips"]),
+                "divergent trajectories": last["sampler"]["divergences"]}
 
     if labels is not None and len(labels) != len(rows):
         raise ValueError(f"{len(labels)} labels for {len(rows)} rows")

@@ -28,12 +28,13 @@ from symlib.paper import pca_digits as _pd
 from symlib.params import unflatten
 from symlib.posteriors.hmc.ladder import Ladder
 
-__all__ = ["SETTINGS", "Run", "Settings", "functionals", "judge", "name", "run", "spec"]
+__all__ = ["ESS", "RHAT", "SETTINGS", "Run", "Settings", "certify", "functionals", "halves", "judge", "name",
+           "run", "spec"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Sampler settings of a frontier run (every one of them a parameter of the chapter).
+    r"""Sampler settings of a frontier run (every one of them a parameter of the chapter).
 
     Attributes:
         n_chains: independent ladders.
@@ -54,6 +55,11 @@ class Settings:
             convergence or the budget).
         n_probe: test digits whose predictive probability is an invariant functional.
         seed: of the initial states and of every random draw.
+        confirm: consecutive checks at which the criterion must hold on every kept draw before a run is
+            certified (:func:`certify`); 1 is the earlier rule, the first check that passes.
+        halves: also require :math:`\hat R <` 1.01 on each half of the kept draws alone.
+        max_divergent: the largest share of divergent trajectories at the posterior's level (over every
+            sampling round so far) that a certified run may have.
     """
 
     n_chains: int = 4
@@ -72,16 +78,41 @@ class Settings:
     rounds: int | None = None
     n_probe: int = 20
     seed: int = 0
+    confirm: int = 2
+    halves: bool = True
+    max_divergent: float = 0.01
 
 
 SETTINGS = Settings()
 """The chapter's sampler settings (see the measurements in the chapter)."""
 
+RHAT = 1.01
+r"""The criterion of Vehtari et al. (2021) that every check applies on canonical forms and invariant
+functionals: :math:`\hat R <` ``RHAT`` (and bulk and tail ESS at least :data:`ESS`)."""
+
+ESS = 400.0
+"""The least bulk and tail effective sample size of the criterion (with :data:`RHAT`)."""
+
+
+def certify(criteria: Sequence[bool], halves: Sequence[float] | None, divergent_share: float,
+            settings: Settings = SETTINGS) -> bool:
+    r"""The certification rule, fixed before any run looks at its diagnostics: the criterion (:data:`RHAT`,
+    :data:`ESS` on every kept draw) held at the last ``settings.confirm`` checks in a row (``criteria``,
+    oldest first), each half of the kept draws alone has :math:`\hat R <` :data:`RHAT` (``halves``: their
+    worst values; ``None`` when ``settings.halves`` is off), and at most ``settings.max_divergent`` of the
+    posterior level's trajectories diverged."""
+    k = settings.confirm
+    if k < 1 or len(criteria) < k or not all(criteria[-k:]):
+        return False
+    if settings.halves and (halves is None or max(halves) >= RHAT):
+        return False
+    return divergent_share <= settings.max_divergent
+
 
 def _key(hidden, settings: Settings, problem: _pd.Problem) -> str:
     text = json.dumps({"hidden": list(hidden), "settings": dataclasses.asdict(settings),
                        "problem": dataclasses.asdict(problem), "data": _pd.load(problem).fingerprint,
-                       "format": 1}, sort_keys=True, default=str)
+                       "format": 2}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -137,6 +168,19 @@ def judge(draws: torch.Tensor, canonical: torch.Tensor, invariant: dict[str, tor
         return {k: v.reshape(c, s, *v.shape[1:]) for k, v in unflatten(t.reshape(c * s, -1), shapes).items()}
 
     return convergence.diagnose(unflat(draws), None, invariant, canonical=unflat(canonical))
+
+
+def halves(draws: torch.Tensor, canonical: torch.Tensor, invariant: dict[str, torch.Tensor], hidden,
+           problem: _pd.Problem = _pd.PROBLEM) -> list[float]:
+    r"""The worst :math:`\hat R` on canonical forms and invariant functionals of each half of the draws
+    ``(C, S, ...)`` judged alone (:func:`judge`): the certification rule's second part."""
+    s = draws.shape[1]
+    worst = []
+    for part in (slice(0, s // 2), slice(s - s // 2, s)):
+        rep = judge(draws[:, part], canonical[:, part], {k: v[:, part] for k, v in invariant.items()}, hidden,
+                    problem)
+        worst.append(max(float(rep[sc].rhat.max()) for sc in ("canonical", "invariant")))
+    return worst
 
 
 def _canonical(draws: torch.Tensor, hidden, problem: _pd.Problem) -> torch.Tensor:
@@ -284,6 +328,8 @@ class Run:
             stats = self._timed(lambda i=i: self.ladder.adapt(s.warmup[i]))
             if i < len(s.warmup) - 1:
                 self._timed(self.ladder.retune)
+            else:  # sampling's counters (divergences, swaps, round trips) count its own rounds only
+                self.ladder.reset_counters()
             self.manifest["warmup"].append({**stats, "cpu_s": round(self.manifest["cpu_s"], 2)})
             self.manifest["phase"] = i + 1
             self._save()
@@ -324,24 +370,39 @@ class Run:
         return judge(cat["draws"], cat["canonical"], inv, self.hidden, self.problem)
 
     def check(self) -> dict[str, Any]:
-        """One check of the criterion on every kept draw so far, with the sampler's state."""
+        r"""One check of the certification rule (:func:`certify`) on every kept draw so far, with the
+        sampler's state: the criterion on all draws, :math:`\hat R` on each half, the divergent
+        trajectories per level and their share at the posterior's level."""
         rep = self.report()
-        rounds = self.manifest["segments"] * self.settings.segment * self.settings.thin
+        s = self.settings
+        rounds = self.manifest["segments"] * s.segment * s.thin
+        st = self.ladder.stats()
         out: dict[str, Any] = {"rounds": rounds,
                                "draws": rep.n_draws, "cpu_s": round(self.manifest["cpu_s"], 2),
                                "wall_s": round(self.manifest["wall_s"], 2),
-                               "converged": rep.converged(rhat=1.01, ess=400.0)}
+                               "criterion": rep.converged(rhat=RHAT, ess=ESS)}
         for sc in ("raw", "canonical", "invariant"):
             d = rep[sc]
             out[sc] = {"rhat_max": float(d.rhat.max()), "ess_bulk_min": float(d.ess_bulk.min()),
                        "ess_tail_min": float(d.ess_tail.min()),
                        "ess_min": float(min(d.ess_bulk.min(), d.ess_tail.min()))}
-        st = self.ladder.stats()
+        out["halves"] = self._halves() if s.halves else None
+        per_level = st["divergences_per_level"]
+        trajectories = max(st["trajectories_per_level"], 1)
         out["sampler"] = {"levels": len(st["betas"]), "swap_accept_min": min(st["swap_accept"]),
                           "round_trips": st["round_trips"], "accept_cold": st["accept"][0],
                           "step_cold": st["step_size"][0], "divergences": st["divergences"],
-                          "n_grad": st["n_grad"]}
+                          "divergences_per_level": per_level,
+                          "divergent_share_cold": per_level[0] / trajectories, "n_grad": st["n_grad"]}
+        previous = [c.get("criterion", c.get("converged", False)) for c in self.manifest["checks"]]
+        out["converged"] = certify([*previous, out["criterion"]], out["halves"],
+                                   out["sampler"]["divergent_share_cold"], s)
         return out
+
+    def _halves(self) -> list[float]:
+        cat = {k: torch.cat([seg[k] for seg in self.segments], 1) for k in self.segments[0]}
+        inv = {"potential": cat["potential"], **{k[2:]: v for k, v in cat.items() if k.startswith("f:")}}
+        return halves(cat["draws"], cat["canonical"], inv, self.hidden, self.problem)
 
     def draws(self) -> dict[str, torch.Tensor]:
         """Every kept draw so far: ``{"draws": (C, S, D), "potential": (C, S), "nll": (C, S)}``."""

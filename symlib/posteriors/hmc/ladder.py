@@ -189,6 +189,11 @@ class Ladder:
         nll, g = self.likelihood(theta.reshape(k * c, d))
         return nll.reshape(k, c), g.reshape(k, c, d)
 
+    def reset_counters(self) -> None:
+        """Start the counters (swaps, acceptance, divergences per level, round trips) afresh, e.g. when
+        sampling begins after the warm-up; the chains are unchanged."""
+        self._reset_counters()
+
     def _reset_counters(self) -> None:
         k, c = self.n_levels, self.n_chains
         self.swaps = torch.zeros(max(k - 1, 1), dtype=torch.float64)
@@ -394,6 +399,8 @@ class Ladder:
             "accept": [round(float(a) / max(self.n_moves, 1), 4) for a in self.accept[:-1]],
             "step_size": [float(s) for s in self.step[:-1]],
             "divergences": int(self.divergences.sum()),
+            "divergences_per_level": [int(v) for v in self.divergences[:-1]],
+            "trajectories_per_level": self.n_moves * self.n_chains,
             "rounds": self.rounds,
             "n_grad": self.n_grad,
         }
