@@ -71,8 +71,8 @@ def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, table1: bool = 
         if truth_too:
             from symlib.paper import truth
 
-            _say(f"== the true posterior of a {truth.HIDDEN} MLP on projected digits and its Table 1 "
-                 f"({scale})")
+            _say(f"== the true posterior of {truth.HIDDEN} and {truth.HIDDEN_LARGE} MLPs on projected digits "
+                 f"and their Table 1 ({scale})")
             alongside = beside.wait() if beside is not None else None
             took = truth.fill(scale, device, seed, progress)
             if alongside is not None:
@@ -102,8 +102,9 @@ def _reference_job(scale: str, conn, parent: int) -> None:
         from symlib.paper import truth
 
         t0 = time.perf_counter()
-        for k in truth.REFERENCE_SEEDS:
-            truth.reference(scale, truth.HIDDEN, seed=k)
+        for hidden in (truth.HIDDEN, truth.HIDDEN_LARGE):
+            for k in truth.REFERENCE_SEEDS:
+                truth.reference(scale, hidden, seed=k)
         conn.send(("ok", time.perf_counter() - t0))
     except BaseException as e:  # sent to the parent, which raises it
         conn.send(("error", f"{type(e).__name__}: {e}"))

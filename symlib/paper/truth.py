@@ -39,16 +39,21 @@ from symlib.paper import frontier as _frontier
 from symlib.paper import pca_digits as _pd
 from symlib.params import Params, unflatten
 
-__all__ = ["COMMITTED", "HIDDEN", "HYPER", "REFERENCE", "PILOT", "REFERENCE_SEEDS", "REPLICATES",
-           "Reference", "SYMMETRIES", "TARGET_ACCEPT", "TARGET_SEED_OFFSET", "commit", "committed",
-           "distances", "fill", "kendall", "labelled", "main", "pilot", "pilot_frame", "plan",
-           "predictive_agreement", "probabilities", "produce", "ranking_agreement", "reference",
-           "reference_set", "reference_summary", "replay", "replicate_seeds", "replicated_agreement",
-           "replicated_tau", "spread", "target_size"]
+__all__ = ["COMMITTED", "HIDDEN", "HIDDEN_LARGE", "HYPER", "MAX_BYTES", "PILOT", "REFERENCE",
+           "REFERENCE_SEEDS", "REPLICATES", "Reference", "SYMMETRIES", "TARGET_ACCEPT",
+           "TARGET_SEED_OFFSET", "agreement_frame", "commit", "committed", "distances", "fill", "kendall",
+           "labelled", "layered_sets", "main", "pilot", "pilot_frame", "plan", "predictive_agreement",
+           "probabilities", "produce", "ranking_agreement", "reference", "reference_set",
+           "reference_summary", "replay", "replicate_seeds", "replicated_agreement",
+           "replicated_distances", "replicated_tau", "spread", "target_size"]
 
 HIDDEN: tuple[int, ...] = (2,)
 """The hidden layout of the chapter's Table 1: the largest of the frontier whose reference converges
 within the ``cpu`` budget of ``make zoo`` (chapter "Against the true posterior")."""
+
+HIDDEN_LARGE: tuple[int, ...] = (16,)
+"""The largest layout the frontier certified: the chapter runs Table 1 on it again, with point distances
+(its references committed like :data:`HIDDEN`'s)."""
 
 TARGET_ACCEPT = 0.9
 """The references' target acceptance. At the frontier's 0.75, pilot runs of the chapter's layout diverged
@@ -108,6 +113,7 @@ class Reference:
         manifest: the run's record (checks, warm-up phases, CPU and wall seconds, ``converged_at``).
         stats: the ladder's state when the run ended (:meth:`symlib.posteriors.hmc.ladder.Ladder.stats`).
         source: ``"committed"`` (loaded from :data:`COMMITTED`) or ``"sampled"`` (a run of the zoo cache).
+        thin: every ``thin``-th kept draw is in ``samples`` (committed references, :func:`commit`).
     """
 
     hidden: tuple[int, ...]
@@ -117,6 +123,7 @@ class Reference:
     manifest: dict[str, Any]
     stats: dict[str, Any]
     source: str = "sampled"
+    thin: int = 1
     _memo: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -186,7 +193,8 @@ def committed(hidden: Sequence[int] = HIDDEN, settings: _frontier.Settings | Non
         raise ValueError(f"{meta} records the run {doc.get('key')}, not {key}: the file was renamed or "
                          "edited; recompute it with `python -m symlib.paper.truth`")
     draws = load_file(str(tensors))["draws"].double()
-    return Reference(tuple(doc["hidden"]), s, problem, draws, doc["manifest"], doc["stats"], "committed")
+    return Reference(tuple(doc["hidden"]), s, problem, draws, doc["manifest"], doc["stats"], "committed",
+                     int(doc.get("thin", 1)))
 
 
 def replay(hidden: Sequence[int], settings: _frontier.Settings, problem: _pd.Problem = _pd.PROBLEM,
@@ -202,24 +210,36 @@ def replay(hidden: Sequence[int], settings: _frontier.Settings, problem: _pd.Pro
         return run.ladder.sample(rounds).draws
 
 
-def commit(run: _frontier.Run, root: str | os.PathLike | None = None) -> Path:
-    """Write a finished reference run to ``root`` (:data:`COMMITTED`): its kept draws (float32, the
-    posterior's level) and a JSON record of its checks, ladder state, machine and :func:`replay` (written
-    atomically; certified or not: a run that did not certify is committed as such). Returns the JSON's
-    path."""
+MAX_BYTES = 5_000_000
+"""The largest committed draws file: :func:`commit` keeps every ``thin``-th draw, ``thin`` the smallest
+that brings the float32 draws under it (the run's own checks, on every draw, are recorded beside them)."""
+
+
+def commit(run: _frontier.Run, root: str | os.PathLike | None = None, command: str | None = None,
+           max_bytes: int = MAX_BYTES) -> Path:
+    """Write a finished reference run to ``root`` (:data:`COMMITTED`): its draws of the posterior's level
+    (float32, every ``thin``-th so that they stay under ``max_bytes``) and a JSON record of its checks
+    (made on every draw), ladder state, machine, ``thin`` and :func:`replay`, written atomically; certified
+    or not (a run that did not certify is committed as such). ``command``: how the run was made (default:
+    this process's arguments). Returns the JSON's path."""
+    import math
+
     from symlib import store
 
     meta, tensors = _committed_paths(run.hidden, run.settings, run.problem, root)
     meta.parent.mkdir(parents=True, exist_ok=True)
-    store.atomic_save({"draws": run.draws()["draws"].float().contiguous()}, tensors,
-                      {"format": "symlib-truth-reference/1", "key": run.key})
+    draws = run.draws()["draws"]
+    thin = max(1, math.ceil(draws.numel() * 4 / max_bytes))
+    store.atomic_save({"draws": draws[:, thin - 1 :: thin].float().contiguous()}, tensors,
+                      {"format": "symlib-truth-reference/1", "key": run.key, "thin": str(thin)})
     doc = {"format": "symlib-truth-reference/1", "key": run.key, "hidden": list(run.hidden),
            "n_params": run.manifest["n_params"], "certified": run.manifest["converged_at"] is not None,
+           "thin": thin, "draws_per_chain": int(draws.shape[1]),
            "settings": dataclasses.asdict(run.settings), "problem": dataclasses.asdict(run.problem),
            "machine": _frontier.machine(), "stats": run.ladder.stats(),
            "replay": replay(run.hidden, run.settings, run.problem).tolist(),
            "manifest": {k: v for k, v in run.manifest.items() if k != "settings"},
-           "command": "python -m symlib.paper.truth " + " ".join(sys.argv[1:])}
+           "command": command or "python -m symlib.paper.truth " + " ".join(sys.argv[1:])}
     store.files.atomic_write_bytes(meta, (json.dumps(doc, indent=1) + "\n").encode())
     return meta
 
@@ -547,8 +567,9 @@ def pilot_frame(doc: Mapping[str, Any]):
 
 
 def reference_summary(refs: Mapping[int, Reference], reports: Mapping[int, Any]):
-    """One line per reference (keyed by its seed): where it comes from, its length and cost, its ladder,
-    the diagnostics recomputed from its draws (``reports``, :meth:`Reference.report`), the last two checks
+    """One line per reference (keyed by its seed): where it comes from, its length (the run's draws per chain
+    and the ones stored) and cost, its ladder, the diagnostics recomputed from its stored draws
+    (``reports``, :meth:`Reference.report`), the last two checks
     of its run, each half's worst :math:`\\hat R` and its divergent trajectories; ``certified`` is the
     rule at its last check (:func:`symlib.paper.frontier.certify`)."""
     import pandas as pd
@@ -561,7 +582,8 @@ def reference_summary(refs: Mapping[int, Reference], reports: Mapping[int, Any])
         per_level = st.get("divergences_per_level") or []
         trajectories = st.get("trajectories_per_level") or 0
         lines[k] = {
-            "source": ref.source, "draws per chain": rep.n_draws,
+            "source": ref.source, "draws per chain": last.get("draws", rep.n_draws),
+            "draws stored (every thin-th)": rep.n_draws,
             "CPU s": round(man["cpu_s"], 1), "levels": len(st["betas"]),
             "barrier": man["warmup"][-1]["barrier"] if man.get("warmup") else np.nan,
             "worst R-hat (canonical)": float(rep["canonical"].rhat.max()),
@@ -602,6 +624,71 @@ def distances(lay, rows: Mapping[Any, str], reference: str, symmetries: Sequence
     return {sym: {key: one(name, sym) for key, name in rows.items()} for sym in symmetries}
 
 
+def layered_sets(target, references: Mapping[int, Any], by_rep: Mapping[int, Mapping[tuple, Any]], seed: int,
+                 spec, symmetries: Sequence[str] = ("raw", "ns")):
+    """Every set of the replicated comparison, symmetries removed once (:func:`symlib.stats.mmd.layered`).
+
+    Args:
+        target: the DE target. references: ``{seed: networks}``, the first is ``"HMC"``, the others
+            ``"HMC <seed>"``. by_rep: ``{run seed: {(method, modes): set}}`` (:func:`produce`).
+        seed: the first replicate's run seed (its rows are named ``"<method> (<modes>)"``, the others'
+            ``"<method> (<modes>) #<run seed>"``). spec: the MLP's symmetries.
+
+    Returns:
+        ``(layered, labels, reference_names)``: ``labels`` maps each row name to its ``(method, modes)``
+        key, ``reference_names`` each reference seed to its name in ``layered``.
+    """
+    from symlib.stats import mmd as _mmd
+
+    labels = {f"{a} ({b})": (a, b) for (a, b) in by_rep[seed]}
+    ref_names = {k: "HMC" if i == 0 else f"HMC {k}" for i, k in enumerate(references)}
+    sets = {"target": target, **{ref_names[k]: v for k, v in references.items()},
+            **{n: by_rep[seed][lab] for n, lab in labels.items()},
+            **{f"{n} #{r}": by_rep[r][lab] for n, lab in labels.items() for r in by_rep if r != seed}}
+    return _mmd.layered(sets, spec, symmetries), labels, ref_names
+
+
+def replicated_distances(lay, labels: Mapping[str, tuple], reference_names: Mapping[int, str],
+                         reps: Sequence[int], seed: int, known: Mapping[str, Mapping] | None = None):
+    """The distances of every replicate of every row (:func:`layered_sets`) to the DE target and to every
+    reference (:func:`distances`; ``known``: ``{reference name: layered_table results}`` already measured).
+
+    Returns:
+        ``(to_target, to_truth)``: ``{symmetries: {(row, run seed): distance}}`` and ``{symmetries: {(row,
+        run seed, reference seed): distance}}``, as :func:`replicated_agreement` takes them.
+    """
+    known = known or {}
+    rows = {(n, r): (n if r == seed else f"{n} #{r}") for n in labels for r in reps}
+    to_target = distances(lay, rows, "target", known=known.get("target"))
+    to_truth: dict[str, dict] = {sym: {} for sym in to_target}
+    for k, name in reference_names.items():
+        for sym, d in distances(lay, rows, name, known=known.get(name)).items():
+            to_truth[sym].update({(n, r, k): v for (n, r), v in d.items()})
+    return to_target, to_truth
+
+
+def agreement_frame(to_target, to_truth, labels: Mapping[str, tuple]):
+    """:func:`replicated_agreement` over all rows, without the deep ensemble, within the one-mode and within
+    the multi-mode rows, and what the one-mode/multi-mode label alone reaches over all rows, as a table
+    indexed by ``(rows, comparison)`` (the :data:`SYMMETRIES` label of each key)."""
+    import pandas as pd
+
+    names = list(labels)
+    one = {n: labels[n][1] == "one-mode" for n in names}
+    groups = {"all rows": names,
+              "without the deep ensemble": [n for n in names if labels[n] != ("DE", "multi-mode")],
+              "one-mode rows": [n for n in names if one[n]],
+              "multi-mode rows": [n for n in names if labels[n][1] == "multi-mode" and labels[n][0] != "DE"]}
+    out = replicated_agreement(to_target, to_truth, groups)
+    reps = sorted({r for (_, r) in next(iter(to_target.values()))})
+    split = {sym: {(n, r): float(one[n]) for n in names for r in reps} for sym in to_target}
+    out.update({("the mode split alone", sym): v for (_, sym), v in
+                replicated_agreement(split, to_truth, {"all rows": names}).items()})
+    frame = pd.DataFrame.from_dict({(g, SYMMETRIES[sym]): v for (g, sym), v in out.items()}, orient="index")
+    frame.index = pd.MultiIndex.from_tuples(frame.index, names=["rows", "comparison"])
+    return frame
+
+
 def spread(to_target: Mapping[str, Mapping[tuple, float]], to_truth: Mapping[str, Mapping[tuple, float]],
            names: Sequence[str]):
     """Per row and comparison, the replicates' distances to the DE target and to the true posterior (every
@@ -625,18 +712,21 @@ def spread(to_target: Mapping[str, Mapping[tuple, float]], to_truth: Mapping[str
 
 def fill(scale: str = "cpu", device: str = "cpu", seed: int = 0, progress: bool = True) -> dict[str, float]:
     """Produce (or check) what the chapter loads, as it asks for it: the references of :data:`HIDDEN`
-    (:func:`reference`, one per :data:`REFERENCE_SEEDS`; at the ``cpu`` scale the committed ones, never
-    sampled here) and the replicated sample sets of its Table 1 (:func:`produce` for every
-    :func:`replicate_seeds`); returns the seconds each took (``make zoo``, :mod:`symlib.paper.caches`)."""
+    and :data:`HIDDEN_LARGE` (:func:`reference`, one per :data:`REFERENCE_SEEDS`; at the ``cpu`` scale the
+    committed ones, never sampled here) and the replicated sample sets of their Table 1 (:func:`produce`
+    for every :func:`replicate_seeds`); returns the seconds each took (``make zoo``,
+    :mod:`symlib.paper.caches`)."""
     import time
 
     t0 = time.perf_counter()
-    for k in REFERENCE_SEEDS:
-        reference(scale, HIDDEN, progress=progress, seed=k, sample=scale != "cpu")
+    for hidden in (HIDDEN, HIDDEN_LARGE):
+        for k in REFERENCE_SEEDS:
+            reference(scale, hidden, progress=progress, seed=k, sample=scale != "cpu")
     t1 = time.perf_counter()
-    setup = _pd.setup(HIDDEN, scale, device)
-    for r in replicate_seeds(seed, scale):
-        produce(setup, scale, r, progress=progress, target=r == seed)
+    for hidden in (HIDDEN, HIDDEN_LARGE):
+        setup = _pd.setup(hidden, scale, device)
+        for r in replicate_seeds(seed, scale):
+            produce(setup, scale, r, progress=progress, target=r == seed)
     return {"references": t1 - t0, "sample sets": time.perf_counter() - t1}
 
 
@@ -667,7 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         folder = zoo.cache_dir() / "true-posterior" / _frontier.name(args.hidden, s)
         run = _frontier.run(args.hidden, s, folder, progress=True)
-        path = commit(run, args.root)
+        path = commit(run, args.root, command="python -m symlib.paper.truth " + " ".join(
+            ["--hidden", *map(str, args.hidden), "--seeds", str(k), "--budget", f"{args.budget:g}"]))
         ok = run.manifest["converged_at"] is not None
         failed += not ok
         print(f"{tuple(args.hidden)} seed {k}: {'certified' if ok else 'NOT certified'} after "

@@ -135,6 +135,7 @@ def test_the_chapters_defaults_are_what_make_zoo_caches():
     assert dataclasses.replace(settings, rounds=ns["reference_rounds"],
                                target_accept=ns["reference_target_accept"]) == truth.REFERENCE["paper"]
     assert tuple(ns["hidden"]) == truth.HIDDEN and ns["scale"] == "cpu"
+    assert tuple(ns["hidden_large"]) == truth.HIDDEN_LARGE
 
 
 def test_the_reference_samples_on_one_thread_whatever_the_callers_count(tmp_path, monkeypatch):

@@ -83,11 +83,12 @@ def sizes(scale: str) -> dict[str, tuple[int, int]]:
     ``cpu`` and ``paper`` use the paper's sizes (1 x 100, 10 x 10, 100 ensemble members); HMC stores 10
     states of each of its 10 chains (started from the 10 multi-mode base models), every ``keep_every``-th of
     the states its diagnostics use (its preset, :mod:`symlib.posteriors.hmc`). ``tiny`` shrinks everything
-    to seconds.
+    to seconds, HMC to 4 draws per chain: the fewest its per-chain diagnostics (split R-hat) are computed
+    from, which the chapter reads.
     """
     return _scales.pick(
         scale,
-        tiny={"one-mode": (1, 6), "multi-mode": (2, 3), "de": (6, 1), "hmc": (2, 3)},
+        tiny={"one-mode": (1, 6), "multi-mode": (2, 3), "de": (6, 1), "hmc": (2, 4)},
         cpu={"one-mode": (1, 100), "multi-mode": (10, 10), "de": (100, 1), "hmc": (10, 10)},
         paper={"one-mode": (1, 100), "multi-mode": (10, 10), "de": (100, 1), "hmc": (10, 10)},
     )
