@@ -38,10 +38,12 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
 .PHONY: help env data zoo book chapters chapter static html html-both book-check test unit nbval lint bench clean lab
+.PHONY: check check-chapters
 .PHONY: slides assignments grade cuda-check
 help:
 	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
 	@echo "make test   - environment + lint + unit/property tests + shared zoo + nbval + the strict book, both editions"
+	@echo "make check  - before every commit: lint + unit tests + every chapter at scale=tiny (build/check/) + the strict book"
 	@echo "make zoo    - train (or check) the zoo and Table 1's sample sets the chapters share (SYMLIB_CACHE)"
 	@echo "make bench  - run every benchmark under benchmarks/"
 	@echo "make cuda-check - on a GPU: the CUDA tests, make zoo's caches on cuda, the GPU benchmarks"
@@ -96,7 +98,7 @@ define phases
 	for phase in $(1); do
 	  start=$$(date +%s)
 	  $(MAKE) --no-print-directory $$phase CACHES_READY=1
-	  done_phases+=("$$(printf '%-11s %5d s' $$phase $$(( $$(date +%s) - start )))")
+	  done_phases+=("$$(printf '%-14s %5d s' $$phase $$(( $$(date +%s) - start )))")
 	done
 endef
 
@@ -110,14 +112,17 @@ CHECK_CACHES = $(if $(CACHES_READY),echo "== the shared caches: checked by make 
   $(if $(filter table1,$(CHAPTERS)),,--no-table1) \
   $(if $(filter true_posterior,$(CHAPTERS)),--true-posterior,--no-true-posterior)))
 chapters: $(VENV)/.installed
-	mkdir -p $(BUILD)/nb book $(MPLCONFIGDIR) $(IPYTHONDIR)
+	mkdir -p $(NB_DIR) $(CHAPTER_OUT) $(MPLCONFIGDIR) $(IPYTHONDIR)
 	$(CHECK_CACHES)
 	echo "== $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each (scale=$(SCALE), device=$(DEVICE))"
 	start=$$(date +%s)
 	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} $(MAKE) -s --no-print-directory chapter CH={} THREADS=$(LANE_THREADS)
 	echo "== chapters done in $$(( $$(date +%s) - start )) s"
 
-# One chapter: jupytext, papermill with the parameters, the parameters folded, book/$(CH).ipynb.
+# One chapter: jupytext, papermill with the parameters, the parameters folded, book/$(CH).ipynb
+# (NB_DIR: the working copies; CHAPTER_OUT: where the executed chapter goes; make check: build/check/).
+NB_DIR := $(BUILD)/nb
+CHAPTER_OUT := book
 chapter: $(VENV)/.installed
 	if [ -z "$(CH)" ] || [ ! -f notebooks/$(CH).md ]; then
 	  echo "make chapter CH=<name>: one of $(ALL_CHAPTERS)" >&2; exit 2
@@ -125,12 +130,12 @@ chapter: $(VENV)/.installed
 	t=$(or $(THREADS),$(NCPU))
 	start=$$(date +%s)
 	echo "== chapter $(CH) (scale=$(SCALE), device=$(DEVICE), $$t thread(s))"
-	$(VENV)/bin/jupytext --quiet --to ipynb -o $(BUILD)/nb/$(CH).ipynb notebooks/$(CH).md
+	$(VENV)/bin/jupytext --quiet --to ipynb -o $(NB_DIR)/$(CH).ipynb notebooks/$(CH).md
 	OMP_NUM_THREADS=$$t MKL_NUM_THREADS=$$t OPENBLAS_NUM_THREADS=$$t TQDM_DISABLE=1 \
 	  $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
-	  -p scale $(SCALE) -p device $(DEVICE) $(BUILD)/nb/$(CH).ipynb $(BUILD)/nb/$(CH).out.ipynb
-	$(PY) -c "import sys; from symlib.paper.book import fold_parameters; fold_parameters(sys.argv[1])" $(BUILD)/nb/$(CH).out.ipynb
-	mv $(BUILD)/nb/$(CH).out.ipynb book/$(CH).ipynb
+	  -p scale $(SCALE) -p device $(DEVICE) $(NB_DIR)/$(CH).ipynb $(NB_DIR)/$(CH).out.ipynb
+	$(PY) -c "import sys; from symlib.paper.book import fold_parameters; fold_parameters(sys.argv[1])" $(NB_DIR)/$(CH).out.ipynb
+	mv $(NB_DIR)/$(CH).out.ipynb $(CHAPTER_OUT)/$(CH).ipynb
 	echo "== chapter $(CH) done in $$(( $$(date +%s) - start )) s"
 
 # MathJax is served from the book itself (the django-static-mathjax wheel ships MathJax 3), so math
@@ -171,6 +176,24 @@ book-check: html-both
 TEST_PHASES := env lint unit zoo nbval book-check
 test:
 	$(call phases,$(TEST_PHASES))
+
+# The fast inner loop, before every commit: ruff, the unit tests, every chapter executed at scale=tiny (each
+# asserts its own claims; a cell error fails the phase) and the strict book from the committed chapters, one
+# phase after the other, stopping at the first failure. The tiny chapters run in the lanes of `make
+# chapters` into build/check/nb only (a failed one's partly executed copy: build/check/src/<chapter>.out.ipynb),
+# never into book/*.ipynb, which hold the committed cpu-scale chapters; `make zoo` at scale=tiny fills their
+# caches first, in a folder of their own (every cache key holds the scale, or sampler settings that differ
+# per scale, but so build/zoo-cache stays as make zoo left it).
+CHECK_PHASES := lint unit check-chapters book-check
+CHECK_DIR := $(BUILD)/check
+CHECK_CACHE := $(CURDIR)/$(BUILD)/zoo-cache-tiny
+check:
+	$(call phases,$(CHECK_PHASES))
+
+check-chapters: $(VENV)/.installed
+	TQDM_DISABLE=1 $(MAKE) --no-print-directory zoo SCALE=tiny DEVICE=cpu SYMLIB_CACHE=$(CHECK_CACHE)
+	$(MAKE) --no-print-directory chapters SCALE=tiny DEVICE=cpu CACHES_READY=1 SYMLIB_CACHE=$(CHECK_CACHE) \
+	  NB_DIR=$(CHECK_DIR)/src CHAPTER_OUT=$(CHECK_DIR)/nb
 
 # On a shared machine, OpenMP threads that spin while they wait for a descheduled sibling made small-op
 # cells 5-10x slower under one competing process: the tests let waiting threads sleep (OMP_WAIT_POLICY).

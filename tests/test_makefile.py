@@ -1,6 +1,8 @@
 """The Makefile's parallel chapter lanes: never more lanes than chapters or cores, never more threads in
-all than cores, one lane on a GPU."""
+all than cores, one lane on a GPU; and `make check`, the fast inner loop (its dry runs create empty folders
+under build/ only)."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -67,3 +69,57 @@ def test_nbval_runs_every_chapter_in_the_lanes_of_make_chapters():
     assert "--nbval-lax" in script and "book/{}.ipynb" in script
     chapters = show("$(CHAPTERS)")
     assert f"nbval over {len(chapters)} chapter(s)" in script
+
+
+def dry_run(target: str, *args: str) -> str:
+    """What ``make -n target`` would run (recursive makes included: make runs those even with ``-n``)."""
+    cmd = ["make", "-n", "--no-print-directory", target, "NCPU=2", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
+    """`make check`: ruff, the unit tests, every chapter at scale=tiny, the strict book, in that order,
+    stopping at the first failure (the phases of `make test`), listed in `make help`."""
+    assert show("$(CHECK_PHASES)") == ["lint", "unit", "check-chapters", "book-check"]
+    script = dry_run("check")
+    assert "for phase in lint unit check-chapters book-check; do" in script
+    assert "phase times" in script  # the phases macro: stops at the first failure, then reports
+    assert "ruff check symlib tests benchmarks" in dry_run("lint")
+    unit = dry_run("unit")
+    assert "-m pytest" in unit and "--ignore=tests/book tests" in unit
+    book = dry_run("book-check", "CACHES_READY=1")
+    assert "jupyter-book build . -W -n --keep-going" in book and "pytest" in book and "tests/book" in book
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    phony = " ".join(line.split(":", 1)[1] for line in lines if line.startswith(".PHONY:")).split()
+    assert {"check", "check-chapters"} <= set(phony)
+    assert "make check" in subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
+                                          check=True).stdout
+
+
+def test_check_runs_every_chapter_at_tiny_scale_into_build_only():
+    """`make check`'s chapters: the tiny caches of their own first (never build/zoo-cache), then every
+    chapter once with papermill at scale=tiny in the lanes of `make chapters`, every file it writes under
+    build/check/ (book/*.ipynb hold the committed cpu-scale chapters); `make chapters` still writes book/."""
+    script = dry_run("check-chapters")
+    lines = script.splitlines()
+    tiny = show("$(CHECK_CACHE)")[0]
+    assert tiny != show("$(SYMLIB_CACHE)")[0] and tiny.endswith("/build/zoo-cache-tiny")
+    caches = [i for i, line in enumerate(lines) if "-m symlib.paper.caches --scale tiny --device cpu" in line]
+    runs = [i for i, line in enumerate(lines) if "papermill" in line]
+    assert caches and runs and caches[0] < runs[0]
+    joined = script.replace("\\\n", "")
+    steps = [line for line in joined.splitlines() if re.search(r" (zoo|chapters) SCALE=tiny", line)]
+    assert len(steps) == 2 and all(f"SYMLIB_CACHE={tiny}" in line for line in steps), steps
+    assert "xargs -P 2 -I{}" in script
+    assert "1 thread(s) each (scale=tiny, device=cpu)" in script
+    executed = re.findall(r"-p scale (\S+) -p device (\S+) (\S+) (\S+)$", script, re.M)
+    moved = re.findall(r"^mv (\S+) (\S+)$", script, re.M)
+    written = re.findall(r"jupytext .* -o (\S+) ", script) + [p for *_, p in executed] + [p for _, p in moved]
+    chapters = sorted(p.stem for p in (ROOT / "notebooks").glob("*.md"))
+    assert sorted(Path(p).stem for _, p in moved) == chapters  # every chapter once
+    assert {(s, d) for s, d, *_ in executed} == {("tiny", "cpu")}
+    assert written and all(p.startswith("build/check/") for p in written), written
+    assert {str(Path(p).parent) for _, p in moved} == {"build/check/nb"}
+    assert "book/" not in script.replace("--cwd book", "")
+    default = dry_run("chapters", "CHAPTERS=toy", "CACHES_READY=1")
+    assert "mv build/nb/toy.out.ipynb book/toy.ipynb" in default
