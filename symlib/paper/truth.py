@@ -56,10 +56,10 @@ HIDDEN_LARGE: tuple[int, ...] = (16,)
 (its references committed like :data:`HIDDEN`'s)."""
 
 TARGET_ACCEPT = 0.9
-"""The references' target acceptance. At the frontier's 0.75, pilot runs of the chapter's layout diverged
-in 4% (seed 0) and 15% (seed 1) of their trajectories at the posterior's level, above the 1% that the
-certification rule allows; at 0.9 (a step about two thirds as long) a pilot of seed 1 had none in 1,000
-rounds, at any level (docs/performance.md)."""
+"""The references' target acceptance. At the frontier's 0.75, the pilot runs of the chapter's layout
+(:data:`PILOT`) diverged in 3.8% (seed 0) and 14.2% (seed 1) of their trajectories at the posterior's
+level within 1,000 draws, above the 1% that the certification rule allows; at 0.9 (a step about two thirds
+as long) neither seed had a divergent trajectory at any level."""
 
 REFERENCE = {
     "tiny": dataclasses.replace(_frontier.SETTINGS, n_chains=2, warmup=(20, 20), levels=6, segment=20,
@@ -155,7 +155,7 @@ class Reference:
         nll = torch.cat([lik(flat[i : i + 2000])[0] for i in range(0, c * s, 2000)]).reshape(c, s)
         pot = nll + 0.5 * (d * d).sum(2) / self.problem.prior_sd**2
         inv = {"potential": pot, **_frontier.functionals(d, self.hidden, self.problem, self.settings.n_probe)}
-        return d, _frontier.runs._canonical(d, self.hidden, self.problem), inv
+        return d, _frontier.canonical_forms(d, self.hidden, self.problem), inv
 
     def report(self):
         """The diagnostics (raw, canonical, invariant; :func:`symlib.paper.frontier.judge`) recomputed from
@@ -167,7 +167,7 @@ class Reference:
         """The worst :math:`\\hat R` (canonical forms and invariant functionals) of each half of the draws
         judged alone, recomputed (the rule's second part, :func:`symlib.paper.frontier.halves`)."""
         d, canon, inv = self._quantities()
-        return _frontier.runs.halves(d, canon, inv, self.hidden, self.problem)
+        return _frontier.halves(d, canon, inv, self.hidden, self.problem)
 
 
 def _committed_paths(hidden, settings: _frontier.Settings, problem: _pd.Problem,
@@ -188,7 +188,7 @@ def committed(hidden: Sequence[int] = HIDDEN, settings: _frontier.Settings | Non
     if not meta.exists():
         return None
     doc = json.loads(meta.read_text())
-    key = _frontier.runs._key(tuple(int(h) for h in hidden), s, problem)
+    key = _frontier.name(hidden, s, problem).rsplit("-", 1)[1]  # the run's key, as its folder names it
     if doc.get("key") != key:
         raise ValueError(f"{meta} records the run {doc.get('key')}, not {key}: the file was renamed or "
                          "edited; recompute it with `python -m symlib.paper.truth`")

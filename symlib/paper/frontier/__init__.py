@@ -44,6 +44,7 @@ from symlib.paper.frontier.runs import (
     SETTINGS,
     Run,
     Settings,
+    canonical_forms,
     certify,
     functionals,
     halves,
@@ -54,8 +55,8 @@ from symlib.paper.frontier.runs import (
 )
 
 __all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "EARLIER_RULE", "ESS", "RESULTS", "RHAT",
-           "RULE_FIELDS", "SETTINGS", "SIZES", "Run", "Settings", "ablation", "certify", "frame",
-           "functionals", "halves", "judge", "machine", "main", "name", "results", "rule", "run",
+           "RULE_FIELDS", "SETTINGS", "SIZES", "Run", "Settings", "ablation", "canonical_forms", "certify",
+           "frame", "functionals", "halves", "judge", "machine", "main", "name", "results", "rule", "run",
            "sampler_settings", "spec", "summary", "sweep"]
 
 SIZES: tuple[tuple[int, ...], ...] = ((2,), (4,), (8,), (16,), (32,), (2, 2), (4, 4), (8, 8), (16, 16))

@@ -28,8 +28,8 @@ from symlib.paper import pca_digits as _pd
 from symlib.params import unflatten
 from symlib.posteriors.hmc.ladder import Ladder
 
-__all__ = ["ESS", "RHAT", "SETTINGS", "Run", "Settings", "certify", "functionals", "halves", "judge", "name",
-           "run", "spec"]
+__all__ = ["ESS", "RHAT", "SETTINGS", "Run", "Settings", "canonical_forms", "certify", "functionals",
+           "halves", "judge", "name", "run", "spec"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +183,9 @@ def halves(draws: torch.Tensor, canonical: torch.Tensor, invariant: dict[str, to
     return worst
 
 
-def _canonical(draws: torch.Tensor, hidden, problem: _pd.Problem) -> torch.Tensor:
+def canonical_forms(draws: torch.Tensor, hidden, problem: _pd.Problem = _pd.PROBLEM) -> torch.Tensor:
+    """The canonical forms of draws ``(C, S, D)`` of the MLP ``hidden`` (:func:`spec`), flat in the same
+    order ``(C, S, D)``: what the ``canonical`` scale of :func:`judge` reads."""
     from symlib.params import flatten
     from symlib.symmetry import canonical
     from symlib.training import mlp as _mlp
@@ -343,7 +345,7 @@ class Run:
             seg = self._timed(lambda: self.ladder.sample(s.segment * s.thin, s.thin))
             t0 = time.perf_counter()
             record = {"draws": seg.draws, "potential": seg.potential, "nll": seg.nll,
-                      "canonical": _canonical(seg.draws, self.hidden, self.problem),
+                      "canonical": canonical_forms(seg.draws, self.hidden, self.problem),
                       **{f"f:{k}": v for k, v in functionals(seg.draws, self.hidden, self.problem,
                                                               s.n_probe).items()}}
             self.segments.append(record)
