@@ -707,6 +707,8 @@ def spread(to_target: Mapping[str, Mapping[tuple, float]], to_truth: Mapping[str
             cols[(label, f"to {who}", "largest")] = {n: float(np.max(v)) for n, v in vals.items()}
     frame = pd.DataFrame(cols)
     frame.columns.names = ["comparison", "distance", "over replicates"]
+    # sorted on the first two levels, so that selecting a (comparison, distance) block is a plain lookup
+    frame = frame.sort_index(axis=1, level=[0, 1], sort_remaining=False)
     return frame.loc[list(names)]
 
 

@@ -253,3 +253,8 @@ def test_spread_is_keyed_by_row_and_label():
     assert frame.loc["a", (lab, "to HMC", "least")] == 2.0
     assert frame.loc["a", (lab, "to HMC", "largest")] == 8.0
     assert frame.loc["b", (lab, "to HMC", "mean")] == 1.0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a block is selected without pandas' lexsort PerformanceWarning
+        assert list(frame[(lab, "to HMC")].columns) == ["mean", "least", "largest"]
