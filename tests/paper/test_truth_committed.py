@@ -94,7 +94,6 @@ def test_the_command_commits_what_it_sampled_and_says_when_it_did_not_certify(tm
     tiny = truth.REFERENCE["tiny"]
     monkeypatch.setenv("SYMLIB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(truth.REFERENCE, "cpu", tiny)
-    monkeypatch.setattr(truth, "MAX_BYTES", 10**9)  # the default of commit is bound at import: no thinning
     assert truth.main(["--hidden", "2", "--seeds", "3", "--root", str(tmp_path / "out"),
                        "--budget", str(tiny.budget)]) == 1
     assert "NOT certified" in capsys.readouterr().out

@@ -363,19 +363,25 @@ class Run:
         self._save()
         return self.manifest
 
-    def report(self):
-        """The :class:`symlib.stats.convergence.Report` of every kept draw so far."""
+    def _quantities(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Every kept draw so far, its canonical forms and its invariant functionals (potential included),
+        each concatenated over the segments."""
         if not self.segments:
             raise ValueError("no draws yet: advance the run first")
         cat = {k: torch.cat([seg[k] for seg in self.segments], 1) for k in self.segments[0]}
         inv = {"potential": cat["potential"], **{k[2:]: v for k, v in cat.items() if k.startswith("f:")}}
-        return judge(cat["draws"], cat["canonical"], inv, self.hidden, self.problem)
+        return cat["draws"], cat["canonical"], inv
+
+    def report(self):
+        """The :class:`symlib.stats.convergence.Report` of every kept draw so far."""
+        return judge(*self._quantities(), self.hidden, self.problem)
 
     def check(self) -> dict[str, Any]:
         r"""One check of the certification rule (:func:`certify`) on every kept draw so far, with the
         sampler's state: the criterion on all draws, :math:`\hat R` on each half, the divergent
         trajectories per level and their share at the posterior's level."""
-        rep = self.report()
+        quantities = self._quantities()  # concatenated once for the whole draws and their halves
+        rep = judge(*quantities, self.hidden, self.problem)
         s = self.settings
         rounds = self.manifest["segments"] * s.segment * s.thin
         st = self.ladder.stats()
@@ -388,7 +394,7 @@ class Run:
             out[sc] = {"rhat_max": float(d.rhat.max()), "ess_bulk_min": float(d.ess_bulk.min()),
                        "ess_tail_min": float(d.ess_tail.min()),
                        "ess_min": float(min(d.ess_bulk.min(), d.ess_tail.min()))}
-        out["halves"] = self._halves() if s.halves else None
+        out["halves"] = halves(*quantities, self.hidden, self.problem) if s.halves else None
         per_level = st["divergences_per_level"]
         trajectories = max(st["trajectories_per_level"], 1)
         out["sampler"] = {"levels": len(st["betas"]), "swap_accept_min": min(st["swap_accept"]),
@@ -400,11 +406,6 @@ class Run:
         out["converged"] = certify([*previous, out["criterion"]], out["halves"],
                                    out["sampler"]["divergent_share_cold"], s)
         return out
-
-    def _halves(self) -> list[float]:
-        cat = {k: torch.cat([seg[k] for seg in self.segments], 1) for k in self.segments[0]}
-        inv = {"potential": cat["potential"], **{k[2:]: v for k, v in cat.items() if k.startswith("f:")}}
-        return halves(cat["draws"], cat["canonical"], inv, self.hidden, self.problem)
 
     def draws(self) -> dict[str, torch.Tensor]:
         """Every kept draw so far: ``{"draws": (C, S, D), "potential": (C, S), "nll": (C, S)}``."""
