@@ -220,7 +220,7 @@ nbval: $(VENV)/.installed
 	echo "== nbval done in $$(( $$(date +%s) - start )) s"
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check symlib tests benchmarks
+	$(VENV)/bin/ruff check symlib tests benchmarks course
 
 # The course: JupyterLab on the chapter sources, where a double click opens a chapter's .md as a notebook
 # (jupytext); its settings stay in the build folder.
@@ -249,17 +249,17 @@ clean:
 	rm -rf $(BUILD) _build .pytest_cache .hypothesis
 
 # The teaching kit (book/course/in_class.md). Slides: one reveal.js deck per chapter of _toc.yml, from its
-# committed notebook (book/_ext/course_slides.py says what goes on a slide), offline. Assignments: the
+# committed notebook (course/slides.py says what goes on a slide), offline. Assignments: the
 # computational exercises as nbgrader notebooks with hidden tests, graded at SCALE; `make grade` grades
 # a folder of submissions locally (no docker), JOBS at a time, into build/grades/.
 slides: $(VENV)/.installed
-	$(PY) book/_ext/course_slides_build.py --out $(BUILD)/slides
+	$(PY) -m course slides --out $(BUILD)/slides
 	echo "The decks are at file://$(CURDIR)/$(BUILD)/slides/index.html"
 
 assignments: $(VENV)/.installed
-	$(PY) book/_ext/course_assignments.py --course $(BUILD)/assignments --scale $(SCALE)
+	$(PY) -m course assignments --course $(BUILD)/assignments --scale $(SCALE)
 	echo "Hand out $(BUILD)/assignments/release/<chapter>/<chapter>.ipynb"
 
 grade: $(VENV)/.installed
 	if [ -z "$(SUBMISSIONS)" ]; then echo "make grade SUBMISSIONS=<folder>: <folder>/<student>/<chapter>.ipynb" >&2; exit 2; fi
-	$(PY) book/_ext/course_grading.py "$(SUBMISSIONS)" --course $(BUILD)/assignments --out $(BUILD)/grades --jobs $(JOBS)
+	$(PY) -m course grade "$(SUBMISSIONS)" --course $(BUILD)/assignments --out $(BUILD)/grades --jobs $(JOBS)

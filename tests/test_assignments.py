@@ -1,5 +1,5 @@
 """Auto-graded assignments: every chapter's computational exercises as nbgrader notebooks with hidden tests
-(``book/_ext/course_assignments.py``), graded locally (``book/_ext/course_grading.py``).
+(``course/assignments.py``), graded locally (``course/grading.py``).
 
 The assignments of every chapter are built once (no execution): each computational exercise must be
 there with tests that assert something at the grading scale, and the student's notebook must hold
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "book/_ext"))
-import course_assignments  # noqa: E402
-import course_book  # noqa: E402
-import course_grading  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from course import assignments as course_assignments  # noqa: E402
+from course import book as course_book  # noqa: E402
+from course import grading as course_grading  # noqa: E402
 
 GRADED = ["architectures"]  # quick at tiny, no zoo to train: graded end to end (make test pays for it)
 
@@ -46,9 +46,8 @@ def course(tmp_path_factory) -> tuple[Path, dict]:
 
 def _build(course: Path, scale: str, names: tuple[str, ...] = ()) -> dict[str, list[str]]:
     """``make assignments`` into ``course``: per chapter, the labels of its graded exercises."""
-    script = ROOT / "book/_ext/course_assignments.py"
-    cmd = [sys.executable, str(script), "--course", str(course), "--scale", scale, *names]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "course", "assignments", "--course", str(course), "--scale", scale, *names]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads((course / "exercises.json").read_text())["chapters"]
 

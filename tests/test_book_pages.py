@@ -4,7 +4,7 @@ two editions differ exactly by the solutions.
 The edition tests build HTML with jupyter-book from the committed chapters (``book/*.ipynb``, never
 re-executed): the teacher edition must contain the text of every solution, as a toggle; the student
 edition, pages and downloadable files alike, none of it. The solutions' texts are read from the
-chapters themselves (``book/_ext/course_book.py`` finds the solutions, gated or not).
+chapters themselves (``course/book.py`` finds the solutions, gated or not).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def _load(name: str, path: Path):
     return module
 
 
-course_book = _load("course_book", ROOT / "book/_ext/course_book.py")
+sys.path.insert(0, str(ROOT))
+from course import book as course_book  # noqa: E402
 
 
 def _toc_parts() -> list[tuple[str, list[str]]]:

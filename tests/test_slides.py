@@ -1,5 +1,5 @@
 """The slides: one reveal.js deck per chapter of ``_toc.yml``, made from its committed executed notebook
-(``book/_ext/course_slides.py`` chooses what goes on a slide, ``course_slides_build.py`` builds).
+(``course/slides.py`` chooses what goes on a slide, ``course/slides_build.py`` builds).
 
 The decks are built once for the module from the committed chapters. Every chapter must have one;
 a deck's figures must be the images of the chapter's current notebook (byte for byte); no solution
@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "book/_ext"))
-import course_book  # noqa: E402
-import course_slides  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from course import book as course_book  # noqa: E402
+from course import slides as course_slides  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -36,7 +36,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.fixture(scope="module")
 def decks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("slides")
-    run = subprocess.run([sys.executable, str(ROOT / "book/_ext/course_slides_build.py"), "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "course", "slides", "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return out

@@ -1,6 +1,6 @@
-r"""``make slides``: every chapter's deck (``course_slides``), built by Sphinx into reveal.js slides.
+r"""``make slides``: every chapter's deck (:mod:`course.slides`), built by Sphinx into reveal.js slides.
 
-``python book/_ext/course_slides_build.py [--out build/slides] [chapter ...]`` writes the deck
+``python -m course slides [--out build/slides] [chapter ...]`` writes the deck
 notebooks of every chapter of ``_toc.yml`` that has an executed notebook ``book/<name>.ipynb`` under
 ``<out>/src`` and builds them in one Sphinx run with the ``revealjs`` builder of sphinx-revealjs,
 myst-nb (which reads the deck notebooks, outputs and ``glue`` values included, and executes nothing),
@@ -28,11 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import course_book  # noqa: E402
-import course_slides  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
+from . import ROOT, slides
+from .book import executed_chapters
+from .notebooks import read
 
 
 def _mathjax_dir() -> Path:
@@ -82,7 +80,7 @@ def sphinx_config(src: Path) -> dict:
     html = render.base_render_priority()["html"]
     return {
         "extensions": ["myst_nb", "sphinx_revealjs", "sphinx_proof", "sphinx_exercise",
-                       "sphinxcontrib.bibtex", "course_slides_build"],
+                       "sphinxcontrib.bibtex", "course.slides_build"],
         "project": "Slides",
         "root_doc": "index",
         "exclude_patterns": ["_build", "**.ipynb_checkpoints"],
@@ -134,7 +132,7 @@ def build(out: Path, root: Path = ROOT, names: list[str] | None = None,
     """Write the deck notebooks under ``out/src`` and build every deck into ``out/<name>.html``."""
     from sphinx.application import Sphinx
 
-    names = course_book.executed_chapters(root) if names is None else names
+    names = executed_chapters(root) if names is None else names
     if not names:
         raise SystemExit("no chapter to make slides of: _toc.yml lists no book/<name> with book/<name>.ipynb")
     src = out / "src"
@@ -147,12 +145,12 @@ def build(out: Path, root: Path = ROOT, names: list[str] | None = None,
     (src / "_static/slides.css").write_text(CSS)
     (src / "_static/fit.js").write_text(FIT_JS)
     shutil.copyfile(root / "book/references.bib", src / "references.bib")
-    notebooks = {n: json.loads((root / "book" / f"{n}.ipynb").read_text(encoding="utf-8")) for n in names}
-    decks = {n: course_slides.deck(n, nb) for n, nb in notebooks.items()}
-    known = set().union(*(course_slides.labels(d) for d in decks.values()))
+    notebooks = {n: read(root / "book" / f"{n}.ipynb") for n in names}
+    decks = {n: slides.deck(n, nb) for n, nb in notebooks.items()}
+    known = set().union(*(slides.labels(d) for d in decks.values()))
     titles = {n: d.title for n, d in decks.items()}
     for n, d in decks.items():
-        deck_nb = course_slides.deck_notebook(d, notebooks[n], set(decks), known, titles)
+        deck_nb = slides.deck_notebook(d, notebooks[n], set(decks), known, titles)
         (src / f"{n}.ipynb").write_text(json.dumps(deck_nb, indent=1, ensure_ascii=False), encoding="utf-8")
         for f in d.files:
             if (root / "book" / f).is_file():
@@ -172,7 +170,8 @@ def build(out: Path, root: Path = ROOT, names: list[str] | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="One reveal.js deck per chapter, from book/<name>.ipynb.")
+    parser = argparse.ArgumentParser(prog="python -m course slides",
+                                     description="One reveal.js deck per chapter, from book/<name>.ipynb.")
     parser.add_argument("--out", type=Path, default=ROOT / "build/slides", help="output folder")
     parser.add_argument("chapters", nargs="*", help="chapters (default: every chapter of _toc.yml)")
     args = parser.parse_args(argv)
@@ -182,7 +181,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n}: file://{path}")
     print(f"{len(built)} decks in {time.perf_counter() - start:.0f} s")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

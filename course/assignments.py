@@ -1,6 +1,6 @@
 r"""Auto-graded assignments from the chapters' computational exercises, with nbgrader.
 
-``make assignments`` runs ``python book/_ext/course_assignments.py [--scale S] [chapter ...]``: for
+``make assignments`` runs ``python -m course assignments [--scale S] [chapter ...]``: for
 every chapter of ``_toc.yml`` with an executed notebook ``book/<name>.ipynb`` it writes an nbgrader
 course under ``build/assignments/`` (``nbgrader_config.py`` included, so nbgrader's own commands
 work there):
@@ -24,7 +24,7 @@ the exception a student may edit (the release says ``scale = "tiny"``, for a lap
 back the source's, the scale given to ``make assignments`` (``SCALE``, ``cpu`` by default, the scale
 at which the committed chapters ran, and so checked, every solution).
 
-``make grade SUBMISSIONS=dir`` grades a folder of submissions (``course_grading``). A chapter
+``make grade SUBMISSIONS=dir`` grades a folder of submissions (:mod:`course.grading`). A chapter
 without computational exercises gets no assignment.
 
 nbgrader, not otter-grader: nbgrader grades on the teacher's machine with a Jupyter kernel and
@@ -47,10 +47,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import course_book  # noqa: E402
+from . import ROOT
+from .asserts import active_asserts, has_assert, split_asserts
+from .book import executed_chapters, scan_notebook
+from .notebooks import read, source, tags, write
 
-ROOT = Path(__file__).resolve().parents[2]
 COURSE = ROOT / "build/assignments"
 STUDENT_SCALE = "tiny"
 TIMEOUT_S = 1800  # per cell: the gentle example's exercises train thousands of networks
@@ -71,20 +72,12 @@ class Exercise:
     reads: list[str] = field(default_factory=list)
 
 
-def _source(cell: dict) -> str:
-    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-
-
-def _tags(cell: dict) -> set[str]:
-    return set(cell.get("metadata", {}).get("tags", []))
-
-
 def solution_index(nb: dict) -> list[list[int | None]]:
     """For every cell, for every line: the index of the solution the line belongs to, or None."""
-    marks, solutions = course_book._scan(course_book._cells(nb))
+    marks, solutions = scan_notebook(nb)
     out, current = [], -1
     for cell, flags in zip(nb["cells"], marks, strict=False):
-        lines = _source(cell).splitlines()
+        lines = source(cell).splitlines()
         row = []
         for line, flag in zip(lines, flags, strict=False):
             if flag and cell["cell_type"] == "markdown" and _OPEN.match(line):
@@ -94,24 +87,6 @@ def solution_index(nb: dict) -> list[list[int | None]]:
     if current + 1 != len(solutions):
         raise ValueError(f"found {current + 1} solution openings for {len(solutions)} solutions")
     return out
-
-
-def split_asserts(code: str) -> tuple[str, str]:
-    """``(answer, tests)``: the top-level ``assert`` statements of ``code`` apart from the rest."""
-    tree = ast.parse(code)
-    lines = code.splitlines()
-    keep = [True] * len(lines)
-    for node in tree.body:
-        if isinstance(node, ast.Assert):
-            for i in range(node.lineno - 1, node.end_lineno):
-                keep[i] = False
-    answer = "\n".join(line for line, k in zip(lines, keep, strict=False) if k).strip()
-    tests = "\n".join(line for line, k in zip(lines, keep, strict=False) if not k).strip()
-    return answer, tests
-
-
-def _asserts(code: str) -> bool:
-    return any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(code)))
 
 
 def _names(code: str) -> tuple[set[str], set[str]]:
@@ -136,14 +111,14 @@ def exercises(nb: dict) -> list[Exercise]:
         if sol is None:
             continue
         if cell["cell_type"] == "markdown":
-            for line, line_sol in zip(_source(cell).splitlines(), row, strict=False):
+            for line, line_sol in zip(source(cell).splitlines(), row, strict=False):
                 m = _OPEN.match(line)
                 if m and line_sol is not None:
                     found.setdefault(line_sol, Exercise(m["label"]))
             continue
         ex = found.setdefault(sol, Exercise(f"solution-{sol}"))
-        code = _source(cell).strip()
-        if _asserts(code) and _tags(cell) & {"hide-input", "remove-input", "remove-cell"}:
+        code = source(cell).strip()
+        if has_assert(code) and tags(cell) & {"hide-input", "remove-input", "remove-cell"}:
             ex.tests.append(code)
         else:
             answer, tests = split_asserts(code)
@@ -165,38 +140,12 @@ def _exercise_titles(nb: dict) -> dict[str, str]:
     for cell in nb["cells"]:
         if cell["cell_type"] != "markdown":
             continue
-        text = _source(cell)
+        text = source(cell)
         for m in _EXERCISE.finditer(text):
             label = re.search(r":label:\s*(\S+)", m["opts"])
             if label:
                 out[label.group(1)] = m["title"].strip()
     return out
-
-
-def active_asserts(tests: str, params: dict) -> int:
-    """How many asserts of ``tests`` run when the parameters are ``params`` (``if scale != "tiny":``
-    and the like, evaluated; conditions on other names count as true)."""
-    count = 0
-
-    def visit(nodes):
-        nonlocal count
-        for node in nodes:
-            if isinstance(node, ast.Assert):
-                count += 1
-            elif isinstance(node, ast.If):
-                try:
-                    cond = bool(eval(compile(ast.Expression(node.test), "<if>", "eval"), {"__builtins__": {}},
-                                     dict(params)))
-                except Exception:
-                    visit(node.body)
-                    visit(node.orelse)
-                else:
-                    visit(node.body if cond else node.orelse)
-            elif isinstance(node, (ast.For, ast.While, ast.With, ast.Try)):
-                visit(node.body)
-
-    visit(ast.parse(tests).body)
-    return count
 
 
 # --------------------------------------------------------------------------------------------------
@@ -234,18 +183,18 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
     labels: dict[int, str] = {}
     for cell, row in zip(nb["cells"], index, strict=False):
         if cell["cell_type"] == "markdown":
-            for line, sol in zip(_source(cell).splitlines(), row, strict=False):
+            for line, sol in zip(source(cell).splitlines(), row, strict=False):
                 m = _OPEN.match(line)
                 if m and sol is not None:
                     labels[sol] = m["label"]
     cells, placed, n = [], set(), 0
     for cell, row in zip(nb["cells"], index, strict=False):
-        tags = _tags(cell)
-        if "injected-parameters" in tags:
+        cell_tags = tags(cell)
+        if "injected-parameters" in cell_tags:
             continue
         sols = [s for s in row if s is not None]
         if cell["cell_type"] == "markdown":
-            lines = zip(_source(cell).splitlines(), row, strict=False)
+            lines = zip(source(cell).splitlines(), row, strict=False)
             kept = "\n".join(line for line, s in lines if s is None).strip()
             if kept:
                 cells.append(_markdown(kept + "\n"))
@@ -267,11 +216,11 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
                                "### BEGIN HIDDEN TESTS\n" + "\n".join(ex.tests) + "\n### END HIDDEN TESTS\n",
                                _nbgrader(f"{label}-tests", grade=True, locked=True, points=1)))
             continue
-        src = _source(cell)
-        if "parameters" in tags:
+        src = source(cell)
+        if "parameters" in cell_tags:
             src = _set_scale(src, scale)
         n += 1
-        cells.append(_code(src, _nbgrader(f"{name}-cell-{n:03d}", locked=True), sorted(tags) or None))
+        cells.append(_code(src, _nbgrader(f"{name}-cell-{n:03d}", locked=True), sorted(cell_tags) or None))
     meta = {k: v for k, v in nb.get("metadata", {}).items() if k in ("kernelspec", "language_info")}
     for i, cell in enumerate(cells):
         cell["id"] = f"{name}-{i:03d}"
@@ -283,7 +232,7 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
 # --------------------------------------------------------------------------------------------------
 
 CONFIG = f"""\
-# nbgrader's settings for this course (written by book/_ext/course_assignments.py): run nbgrader's own
+# nbgrader's settings for this course (written by course/assignments.py): run nbgrader's own
 # commands from this folder, e.g. `nbgrader autograde <chapter>`, `nbgrader generate_feedback <chapter>`.
 import os
 
@@ -295,8 +244,9 @@ c.Execute.kernel_name = "python3"
 """
 
 
-def _env() -> None:
-    """nbgrader runs the ``alembic`` command of its environment to check the gradebook's schema."""
+def nbgrader_commands() -> None:
+    """Put this environment's commands on ``PATH``: nbgrader runs the ``alembic`` command of its
+    environment to check the gradebook's schema."""
     bindir = str(Path(sys.executable).parent)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
@@ -308,7 +258,7 @@ def _api(course: Path):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
-    _env()
+    nbgrader_commands()
     cfg = PyFileConfigLoader("nbgrader_config.py", str(course)).load_config()
     cfg.NbGraderAPI.log_level = "WARN"
     return NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
@@ -323,21 +273,20 @@ def build(course: Path = COURSE, scale: str = "cpu", names: list[str] | None = N
           root: Path = ROOT) -> dict:
     """Write the source notebooks and make nbgrader's student versions. Returns, per chapter, its
     exercise labels."""
-    names = course_book.executed_chapters(root) if names is None else names
+    names = executed_chapters(root) if names is None else names
     if course.exists():
         shutil.rmtree(course)
     (course / "source").mkdir(parents=True)
     (course / "nbgrader_config.py").write_text(CONFIG)
     made, vacuous = {}, []
     for name in names:
-        nb = json.loads((root / "book" / f"{name}.ipynb").read_text(encoding="utf-8"))
+        nb = read(root / "book" / f"{name}.ipynb")
         src, exs = source_notebook(name, nb, scale)
         for ex in exs:
             if not ex.tests or not any(active_asserts(t, {"scale": scale}) for t in ex.tests):
                 vacuous.append(f"{name}:{ex.label}")
         (course / "source" / name).mkdir()
-        text = json.dumps(src, indent=1, ensure_ascii=False) + "\n"
-        (course / "source" / name / f"{name}.ipynb").write_text(text, encoding="utf-8")
+        write(course / "source" / name / f"{name}.ipynb", src)
         made[name] = [ex.label for ex in exs]
     without = [n for n, labels in made.items() if not labels]
     graded = [n for n in names if n not in without]
@@ -345,12 +294,12 @@ def build(course: Path = COURSE, scale: str = "cpu", names: list[str] | None = N
     for name in graded:
         _check(api.generate_assignment(name, force=True, create=True), f"generate_assignment {name}")
         rel = course / "release" / name / f"{name}.ipynb"
-        nb = json.loads(rel.read_text(encoding="utf-8"))
+        nb = read(rel)
         for cell in nb["cells"]:  # students run the chapter at a laptop's scale; grading uses the source's
-            if "parameters" in _tags(cell):
-                cell["source"] = _set_scale(_source(cell), STUDENT_SCALE)
+            if "parameters" in tags(cell):
+                cell["source"] = _set_scale(source(cell), STUDENT_SCALE)
                 cell["metadata"]["editable"] = True
-        rel.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        write(rel, nb)
     for name in without:
         shutil.rmtree(course / "source" / name)
     if vacuous:
@@ -362,7 +311,8 @@ def build(course: Path = COURSE, scale: str = "cpu", names: list[str] | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="nbgrader assignments from the computational exercises.")
+    parser = argparse.ArgumentParser(prog="python -m course assignments",
+                                     description="nbgrader assignments from the computational exercises.")
     parser.add_argument("--course", type=Path, default=COURSE, help="the nbgrader course folder")
     parser.add_argument("--scale", default=os.environ.get("SCALE", "cpu"), help="the scale of the grading")
     parser.add_argument("chapters", nargs="*", help="chapters (default: every chapter of _toc.yml)")
@@ -374,7 +324,3 @@ def main(argv: list[str] | None = None) -> int:
         where = args.course / "release" / name / f"{name}.ipynb"
         print(f"{name}: {len(labels)} graded exercise(s)" + (f", {where}" if labels else ""))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

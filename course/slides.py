@@ -1,7 +1,7 @@
 r"""Slides from the chapters: what of a chapter goes on its reveal.js deck, read from the chapter itself.
 
 A chapter's deck is made from its committed executed notebook ``book/<name>.ipynb`` (nothing is
-re-executed); ``course_slides_build`` turns the decks into reveal.js HTML (``make slides``).
+re-executed); :mod:`course.slides_build` turns the decks into reveal.js HTML (``make slides``).
 
 **What goes on a slide.** The chapter decides, through its own markup; no slide text is written
 anywhere else, so a deck follows its chapter whenever the chapter changes:
@@ -17,7 +17,7 @@ anywhere else, so a deck follows its chapter whenever the chapter changes:
   its exercises that asserts something;
 * every markdown cell tagged ``slide``, whole;
 * every ``{exercise}``, without its solution (solutions are removed first, with
-  ``course_book.strip_notebook``, so none can reach a deck).
+  :func:`course.book.strip_notebook`, so none can reach a deck).
 
 Each goes on a slide of its own, titled by the chapter's section (``##``) it comes from, in the
 chapter's order. Cross references stay links when their target is on some deck (chapters link to
@@ -33,12 +33,11 @@ import copy
 import hashlib
 import json
 import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import course_book  # noqa: E402
+from .asserts import walk
+from .book import closes, strip_notebook
+from .notebooks import source, tags
 
 TAG = "slide"
 GLUE_PREFIX = "application/papermill.record/"
@@ -101,7 +100,7 @@ def blocks(text: str) -> list[Block]:
         m = _FENCE.match(s)
         if m and not line[:1].isspace():
             fence, j = m["fence"], i + 1
-            while j < len(lines) and not course_book._closes(lines[j], fence):
+            while j < len(lines) and not closes(lines[j], fence):
                 j += 1
             kind = "directive" if m["name"] else "other"
             out.append(Block(kind, "\n".join(lines[i : j + 1]), name=m["name"] or "", arg=m["arg"].strip()))
@@ -135,14 +134,6 @@ def blocks(text: str) -> list[Block]:
     return out
 
 
-def _source(cell: dict) -> str:
-    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-
-
-def _tags(cell: dict) -> set[str]:
-    return set(cell.get("metadata", {}).get("tags", []))
-
-
 # --------------------------------------------------------------------------------------------------
 # The claims a code cell asserts
 # --------------------------------------------------------------------------------------------------
@@ -151,9 +142,9 @@ def _parameters(nb: dict) -> dict:
     """The literal values of the notebook's ``parameters`` cell (the scale it ran at)."""
     values = {}
     for cell in nb["cells"]:
-        if cell["cell_type"] == "code" and "parameters" in _tags(cell):
+        if cell["cell_type"] == "code" and "parameters" in tags(cell):
             try:
-                tree = ast.parse(_source(cell))
+                tree = ast.parse(source(cell))
             except SyntaxError:
                 return values
             for node in tree.body:
@@ -173,41 +164,24 @@ def claims(cell: dict, params: dict) -> list[tuple[str, str]]:
     (the cell ran without an error), ``failed`` (the cell has an error output), or ``not checked at
     this scale`` (an ``if`` on the parameters around it was false in that run).
     """
-    src = _source(cell)
+    src = source(cell)
     try:
-        tree = ast.parse(src)
+        found = walk(src, params)
     except SyntaxError:
         return []
     lines = src.splitlines()
     errored = any(o.get("output_type") == "error" for o in cell.get("outputs", []))
     out = []
-
-    def visit(nodes, active: bool):
-        for node in nodes:
-            if isinstance(node, ast.Assert):
-                msg, last = node.msg, lines[node.end_lineno - 1]
-                if isinstance(msg, ast.Constant) and isinstance(msg.value, str):
-                    text = msg.value
-                elif msg is None and "#" in last:
-                    text = last.split("#", 1)[1].strip()
-                else:
-                    text = ""
-                status = "not checked at this scale" if not active else ("failed" if errored else "held")
-                out.append((text, status))
-            elif isinstance(node, ast.If):
-                try:
-                    scope = {"__builtins__": {}}
-                    cond = bool(eval(compile(ast.Expression(node.test), "<if>", "eval"), scope, dict(params)))
-                except Exception:  # a condition on the run's results: its asserts ran where it held
-                    visit(node.body, active)
-                    visit(node.orelse, active)
-                else:
-                    visit(node.body, active and cond)
-                    visit(node.orelse, active and not cond)
-            elif isinstance(node, (ast.For, ast.While, ast.With)):
-                visit(node.body, active)
-
-    visit(tree.body, True)
+    for node, active in found:
+        msg, last = node.msg, lines[node.end_lineno - 1]
+        if isinstance(msg, ast.Constant) and isinstance(msg.value, str):
+            text = msg.value
+        elif msg is None and "#" in last:
+            text = last.split("#", 1)[1].strip()
+        else:
+            text = ""
+        status = "not checked at this scale" if not active else ("failed" if errored else "held")
+        out.append((text, status))
     return out
 
 
@@ -253,15 +227,15 @@ def _code_slide(cell: dict, params: dict) -> tuple[dict, str]:
 def deck(name: str, nb: dict) -> Deck:
     """The slides of chapter ``name`` (its executed notebook ``nb``), in the chapter's order."""
     params = _parameters(nb)
-    stripped = course_book.strip_notebook(nb)
+    stripped = strip_notebook(nb)
     cells = stripped["cells"]
-    tagged = any(TAG in _tags(c) for c in cells)
+    tagged = any(TAG in tags(c) for c in cells)
     if not tagged:  # the chapter's claims: the last asserting code cell before the exercises
         last = None
         for i, cell in enumerate(cells):
-            if cell["cell_type"] == "markdown" and re.search(r"^#+\s+Exercises", _source(cell), re.M):
+            if cell["cell_type"] == "markdown" and re.search(r"^#+\s+Exercises", source(cell), re.M):
                 break
-            if cell["cell_type"] == "code" and re.search(r"^\s*assert\b", _source(cell), re.M):
+            if cell["cell_type"] == "code" and re.search(r"^\s*assert\b", source(cell), re.M):
                 last = i
         fallback = {last} if last is not None else set()
     else:
@@ -269,9 +243,9 @@ def deck(name: str, nb: dict) -> Deck:
     d = Deck(name, name)
     section = "Introduction"
     for i, cell in enumerate(cells):
-        src = _source(cell)
+        src = source(cell)
         if cell["cell_type"] == "code":
-            if TAG in _tags(cell) or i in fallback:
+            if TAG in tags(cell) or i in fallback:
                 shown, table = _code_slide(cell, params)
                 rich = any({"text/html", "image/png"} & set(o.get("data", {})) for o in shown["outputs"])
                 title = section if rich or not table else "Claims checked on this run"
@@ -279,7 +253,7 @@ def deck(name: str, nb: dict) -> Deck:
             continue
         if cell["cell_type"] != "markdown":
             continue
-        whole = TAG in _tags(cell)  # the cell on a slide as it is, its headings as the slide's title
+        whole = TAG in tags(cell)  # the cell on a slide as it is, its headings as the slide's title
         if whole:
             heads = [b.arg for b in blocks(src) if b.kind == "heading"]
             text = "\n".join(x for x in src.splitlines() if not _HEADING.match(x)).strip()

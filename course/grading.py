@@ -1,6 +1,6 @@
 r"""``make grade SUBMISSIONS=dir``: grade a folder of submissions of the assignments, with nbgrader.
 
-``python book/_ext/course_grading.py <dir> [--out build/grades]``. The folder holds one folder per
+``python -m course grade <dir> [--out build/grades]``. The folder holds one folder per
 student with that student's notebooks, ``dir/<student>/<chapter>.ipynb`` (nbgrader's layout
 ``dir/<student>/<chapter>/<chapter>.ipynb`` works too). Every submission is graded by nbgrader's
 ``autograde`` on this machine: it restores the chapter's locked cells, the parameters (the grading
@@ -28,8 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course_assignments import COURSE, ROOT, _env  # noqa: E402
+from . import ROOT
+from .assignments import COURSE, nbgrader_commands
+from .notebooks import read
 
 
 def _submissions(folder: Path, known: set[str]) -> dict[str, dict[str, Path]]:
@@ -68,7 +69,7 @@ def _autograde(tasks: list[tuple[Path, str, str]], jobs: int) -> dict[tuple[str,
     """Run ``nbgrader autograde <chapter> --student <student>`` in each task's course folder, ``jobs``
     at a time, each notebook's kernel with its share of the cores. Returns the log of every
     ``(student, chapter)`` that nbgrader could not grade (an unreadable notebook, for instance)."""
-    _env()
+    nbgrader_commands()
     nbgrader = str(Path(sys.executable).with_name("nbgrader"))
     jobs = max(1, min(jobs, len(tasks)))
     limit = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
@@ -136,7 +137,7 @@ def grade(submissions: Path, out: Path, course: Path = COURSE, jobs: int | None 
                     notes.append(f"## {chapter}\n\n{why}\n")
                     continue
                 nb_path = work / student / "autograded" / student / chapter / f"{chapter}.ipynb"
-                nb = json.loads(nb_path.read_text(encoding="utf-8"))
+                nb = read(nb_path)
                 graded_nb = gb.find_submission_notebook(chapter, chapter, student)
                 scores = {g.name: g.score for g in graded_nb.grades}
                 lines = [f"## {chapter}\n"]
@@ -161,9 +162,9 @@ def grade(submissions: Path, out: Path, course: Path = COURSE, jobs: int | None 
     return table
 
 
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Grade <folder>/<student>/<chapter>.ipynb with nbgrader.")
+    parser = argparse.ArgumentParser(prog="python -m course grade",
+                                     description="Grade <folder>/<student>/<chapter>.ipynb with nbgrader.")
     parser.add_argument("submissions", type=Path, help="the folder of submissions")
     parser.add_argument("--course", type=Path, default=COURSE, help="the course of `make assignments`")
     parser.add_argument("--out", type=Path, default=ROOT / "build/grades", help="where grades.csv goes")
@@ -172,7 +173,3 @@ def main(argv: list[str] | None = None) -> int:
     table = grade(args.submissions, args.out.resolve(), args.course.resolve(), args.jobs)
     print(f"grades: {table}\nfeedback: {table.parent / 'feedback'}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
