@@ -31,42 +31,23 @@ __all__ = ["Comparison", "architecture", "check_json", "compare", "write_json"]
 
 
 def architecture(manifest: dict[str, Any], where: str = "") -> tuple[str, torch.nn.Module, tuple[int, ...]]:
-    """The architecture recorded in a manifest: ``(name, a freshly built module, input shape)``.
-
-    A zoo's manifest holds its configuration (:class:`symlib.zoo.ZooConfig`); a posterior sample set's
-    holds the :mod:`symlib.models` class and its arguments (``"model"``) and its training problem
-    (``"setup"``: the preset, whose image size it takes).
+    """The architecture recorded in a manifest: ``(name, a freshly built module, input shape)``, from the
+    recipe it records (:func:`symlib.store.architecture`: a zoo's, a sample set's, an imported set's).
 
     Raises:
         StoreError: the manifest does not say how to rebuild its networks.
     """
-    from symlib import models, zoo
+    return _built(store.architecture(manifest, where), manifest, where)
 
-    if manifest.get("architecture"):  # checkpoint files or an imported set: a recipe (symlib.ckpt.recipe)
-        from symlib.ckpt import recipe
 
-        built = recipe.Recipe.from_record(manifest["architecture"], where)
-        model = built.build()
-        return built.name, model, built.shape(model)
-    if manifest.get("kind", "zoo") == "zoo":
-        cfg = zoo.ZooConfig.from_dict(manifest["config"])
-        return cfg.arch, cfg.make_model(), (cfg.channels, cfg.image_size, cfg.image_size)
-    spec = manifest.get("model") or {}
-    if not spec.get("class") or not hasattr(models, spec["class"]):
+def _built(recipe: Any, manifest: dict[str, Any], where: str) -> tuple[str, torch.nn.Module, tuple[int, ...]]:
+    if recipe is None:
         raise store.StoreError(
-            f"{where}: the sample set of architecture {manifest.get('arch')!r} records no symlib.models "
-            f"class, so its symmetries are unknown; compare it with --symmetries raw, or in Python with a "
-            f"spec"
+            f"{where}: the set of architecture {manifest.get('arch')!r} records no network to rebuild, so "
+            f"its symmetries are unknown; compare it with --symmetries raw, or in Python with a spec"
         )
-    model = getattr(models, spec["class"])(**spec.get("kwargs", {}))
-    setup = manifest.get("setup") or {}
-    shape = None
-    if setup.get("name") in zoo.PRESETS:
-        cfg = zoo.preset(setup["name"], setup.get("scale") or "cpu")
-        shape = (cfg.channels, cfg.image_size, cfg.image_size)
-    if shape is None:
-        shape = (1, 28, 28) if spec["class"] == "OptuNet" else (spec["kwargs"].get("in_channels", 3), 32, 32)
-    return str(manifest.get("arch")), model, shape
+    model = recipe.build()
+    return recipe.name, model, recipe.shape(model)
 
 
 def _describe(path: str, manifest: dict[str, Any], n: int) -> str:
@@ -246,7 +227,7 @@ def compare(
     _check_same(pa, pb, arch_a, arch_b, wa, wb)
     spec = None
     if any(s != "raw" for s in syms):  # the symmetries of A's architecture (B's has the same tensors)
-        _, model, shape = architecture(ma, str(a))
+        _, model, shape = _built(got_a.recipe, ma, str(a))
         spec = trace.spec_of(model.to(device, torch.float64), shape)
     res = mmd.table(pa, {"b": pb}, spec, syms, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
                     seed=seed, progress=progress)

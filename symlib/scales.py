@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from symlib.errors import ArgumentError
+
 __all__ = ["SCALES", "check_device", "check_int", "check_scale", "pick"]
 
 SCALES = ("tiny", "cpu", "paper")
@@ -26,7 +28,7 @@ _T = TypeVar("_T")
 def check_scale(scale: Any) -> str:
     """Return ``scale`` if it is one of :data:`SCALES`, else raise a clear error."""
     if not isinstance(scale, str):
-        raise TypeError(f"scale must be a string, one of {SCALES}; got {type(scale).__name__} {scale!r}")
+        raise ArgumentError(f"scale must be a string, one of {SCALES}; got {type(scale).__name__} {scale!r}")
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {SCALES} (e.g. papermill -p scale cpu)")
     return scale
@@ -44,7 +46,7 @@ def pick(scale: str, **by_scale: _T) -> _T:
 def check_device(device: Any) -> torch.device:
     """Validate a ``device`` parameter ("cpu", "cuda", "cuda:1", ...) and that it is usable here."""
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(
+        raise ArgumentError(
             f"device must be a string such as 'cpu' or 'cuda'; got {type(device).__name__} {device!r}"
         )
     try:
@@ -61,7 +63,7 @@ def check_device(device: Any) -> torch.device:
 def check_int(name: str, value: Any, minimum: int = 0) -> int:
     """Validate an integer parameter (``seed``, a count) and return it."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        raise ArgumentError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value

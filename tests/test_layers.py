@@ -18,8 +18,8 @@ ROOT = Path(symlib.__file__).parent
 
 # unit -> rank; a module may import its own unit or a unit of lower rank
 RANK = {
-    "_version": 0, "_lazy": 0, "params": 0, "scales": 0, "progress": 0, "kernels": 0, "models": 0,
-    "plotting": 0, "threads": 0,
+    "_version": 0, "_lazy": 0, "errors": -1, "params": 0, "scales": 0, "progress": 0, "kernels": 0,
+    "models": 0, "plotting": 0, "threads": 0,
     "data": 1, "store": 1,
     "symmetry": 2, "training": 2,
     "zoo": 3, "stats": 3,

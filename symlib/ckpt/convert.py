@@ -39,11 +39,13 @@ from symlib import store
 from symlib.ckpt import loader
 from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.recipe import Recipe
+from symlib.ckpt.recipe import spec as recipe_spec
+from symlib.ckpt.state import Reference
+from symlib.models import registry
 from symlib.params import Params
 
 __all__ = ["canonical", "check_out", "import_checkpoints", "networks", "write"]
 
-_SYMLIB_ARCHS = {"OptuNet": "optunet", "ResNet18": "resnet18", "ResNet20": "resnet20"}
 CHUNK_BYTES = 64 << 20
 
 
@@ -64,22 +66,22 @@ def check_out(out: str | os.PathLike) -> Path:
 
 
 def _model_record(recipe: Recipe, shapes: dict[str, tuple[int, ...]]) -> tuple[str, dict[str, Any]]:
-    """``(arch, model)`` of a sample set's manifest: a ``symlib.models`` class keeps the records the rest
-    of symlib knows (so that ``symlib.load(..., as_="models")`` rebuilds it); anything else is named by
-    its recipe."""
+    """``(arch, model)`` of a sample set's manifest: a network of the registry (by name, or its factory
+    ``symlib.models:OptuNet`` with the arguments its shapes give) keeps the records the rest of symlib
+    knows; anything else is named by its recipe."""
     from symlib.posteriors import io
 
-    module, _, cls = recipe.target.rpartition(":")
-    if recipe.builder == "factory" and module == "symlib.models" and cls in _SYMLIB_ARCHS:
+    net = (registry.REGISTRY.get(recipe.target) if recipe.builder == "symlib"
+           else registry.of_factory(recipe.target) if recipe.builder == "factory" else None)
+    if net is not None:
         try:
-            rec = io.model_spec(_SYMLIB_ARCHS[cls], shapes)
+            rec = io.model_spec(net.name, shapes)
         except (KeyError, IndexError):
             rec = None
-        if rec and rec["class"] == cls and set(recipe.args) <= set(rec["kwargs"]) and all(
-                rec["kwargs"][k] == v for k, v in recipe.args.items()):
-            return _SYMLIB_ARCHS[cls], rec
+        if rec and all(rec["kwargs"].get(k) == v for k, v in recipe.args.items()):
+            return net.name, rec
     name = recipe.name
-    return (name if name.lower() not in _SYMLIB_ARCHS.values() else f"{name} ({recipe.builder})",
+    return (name if name.lower() not in registry.REGISTRY else f"{name} ({recipe.builder})",
             {"class": None, "kwargs": {}})
 
 
@@ -89,7 +91,7 @@ def _check_recipe(recipe: Recipe, params: Params) -> None:
             f"{recipe.target}: a network defined in a notebook or script (__main__) cannot be rebuilt by "
             f"another process; put it in a module and pass model='module:Factory' (--model)"
         )
-    ref = recipe.reference()
+    ref = Reference.of_recipe(recipe)
     have = {k: tuple(v.shape[1:]) for k, v in params.items()}
     if have != ref.shapes:
         k = next((k for k in ref.shapes if have.get(k) != ref.shapes[k]), None) or next(
@@ -99,14 +101,6 @@ def _check_recipe(recipe: Recipe, params: Params) -> None:
             f"in the set and {ref.shapes.get(k)} in the architecture; pass the factory and arguments that "
             f"built them (--model, --model-args)"
         )
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write(
@@ -163,7 +157,7 @@ def write(
         man = io.read_manifest(tmp)
         arch, model = _model_record(recipe, {k: tuple(v.shape[1:]) for k, v in params.items()})
         for ch in man["chunks"]:
-            ch["sha256"] = _file_sha256(tmp / ch["file"])
+            ch["sha256"] = store.file_sha256(tmp / ch["file"])
         man.update({"arch": arch, "model": model, "architecture": recipe.record(),
                     "source": store.jsonable(source or {})})
         store.write_manifest(tmp, man)
@@ -237,7 +231,7 @@ def canonical(
     got = loader.read(sources, model, prefix, hashes=True, **kwargs)
     if got.recipe is None:
         raise CheckpointError("the architecture is unknown: pass --model MODULE:CALLABLE and --input-shape")
-    spec = got.recipe.spec()
+    spec = recipe_spec(got.recipe)
     canon = canonicalize(got.params, spec)
     man = got.manifest or {}
     n_modes, per = man.get("n_modes"), man.get("n_per_mode", 1)
@@ -255,29 +249,17 @@ def canonical(
 
 def networks(path: str | os.PathLike, device: str | torch.device = "cpu") -> list[torch.nn.Module]:
     """One eval-mode ``nn.Module`` per checkpoint of a symlib folder, built by the recipe its manifest
-    records (:func:`~symlib.ckpt.recipe.from_manifest`: an imported set's architecture, your own factory
-    included) and loaded with its weights, in the set's order.
+    records (:func:`symlib.store.architecture`: an imported set's architecture, your own factory included)
+    and loaded with its weights, in the set's order: what ``symlib.load(path, as_="models")`` returns.
 
     Raises:
         CheckpointError: the folder records no architecture, or its factory cannot be imported here.
     """
     from symlib import checkpoints
-    from symlib.ckpt.recipe import from_manifest
+    from symlib.posteriors import io
 
     params, man = checkpoints.load(path, device=device)
-    recipe = from_manifest(man, str(path))
+    recipe = store.architecture(man, str(path))
     if recipe is None:
         raise CheckpointError(f"{path}: its manifest records no architecture to rebuild the networks from")
-    n = next(iter(params.values())).shape[0]
-    dtype = next(v.dtype for v in params.values() if v.is_floating_point())
-    out = []
-    for i in range(n):
-        model = recipe.build().to(device, dtype)
-        missing, unexpected = model.load_state_dict({k: v[i] for k, v in params.items()}, strict=False)
-        params_missing = [k for k in missing if k in dict(model.named_parameters())]
-        if params_missing or unexpected:
-            raise CheckpointError(f"{path}: checkpoint {i} does not fit {recipe.target} (missing "
-                                  f"{params_missing[:3]}, unexpected {unexpected[:3]}): the manifest's "
-                                  f"architecture is not the one these weights were imported with")
-        out.append(model.eval())
-    return out
+    return io.networks(params, recipe, str(path))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import re
@@ -41,7 +40,7 @@ from symlib import store
 from symlib.ckpt import hf, safetensorsfile, torchfile
 from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.lazy import Parsed, open_bytes
-from symlib.ckpt.recipe import Recipe, from_config, from_manifest
+from symlib.ckpt.recipe import Recipe, from_config
 from symlib.ckpt.state import Reference, Selection, candidates, select, shape_of
 from symlib.params import Params
 
@@ -51,9 +50,7 @@ __all__ = ["EXTENSIONS", "MAX_WORKERS", "PARALLEL_ABOVE", "Loaded", "expand", "l
 EXTENSIONS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 #: Total bytes above which the tensors are copied by several threads (:data:`MAX_WORKERS` of them).
 PARALLEL_ABOVE = 64 << 20
-#: Threads that copy large sets: half the cores, at most 4. On 2 cores that is one: there, with the files
-#: in the page cache, two threads copied 6 files of 32 MB no faster than one (0.84x and 1.02x in two runs of
-#: ``benchmarks/checkpoints.py --large``); more threads overlap the reads of files not cached yet.
+#: Threads that copy large sets: half the cores, at most 4 (why: docs/performance.md, "Benchmarks").
 MAX_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 2))
 _GLOB = re.compile(r"[*?\[]")
 
@@ -193,7 +190,7 @@ def _reference(model: Any, model_args: dict | None, input_shape) -> tuple[Recipe
         if not isinstance(built, torch.nn.Module):
             raise CheckpointError(f"model={model!r} returned a {type(built).__name__}, not an nn.Module")
         return recipe, Reference.of(built, recipe.describe())
-    return recipe, recipe.reference()
+    return recipe, Reference.of_recipe(recipe)
 
 
 def _found_recipe(parsed: list[Parsed]) -> Recipe | None:
@@ -218,7 +215,7 @@ def _from_set(path: str, model: Any, model_args, input_shape, device) -> Loaded:
     from symlib import checkpoints
 
     params, man = checkpoints.load(path, device=device)
-    recipe = from_manifest(man, path)
+    recipe = store.architecture(man, path)
     if model is not None:
         given, ref = _reference(model, model_args, input_shape)
         have = {k: tuple(v.shape[1:]) for k, v in params.items()}
@@ -279,7 +276,7 @@ def read(
         recipe = _found_recipe(parsed)
         if recipe is not None:
             recipe = recipe.with_shape(input_shape)
-            ref = recipe.reference()
+            ref = Reference.of_recipe(recipe)
     memo: dict[Any, Selection] = {}
     sels = []
     for p in parsed:
@@ -333,7 +330,7 @@ def read(
         for f, s in zip(p.files, p.sizes, strict=True):
             rec = {"path": f, "bytes": s, "kind": p.kind}
             if hashes:
-                rec["sha256"] = _sha256(f)
+                rec["sha256"] = store.file_sha256(f)
             files.append(rec)
     params = {k: v.to(dev) for k, v in out.items()}
     return Loaded(params, [path for _, path in items], counts, files, recipe, sels[0].key, sels[0].prefix,
@@ -342,14 +339,6 @@ def read(
 
 def _state(p: Parsed, sel: Selection):
     return candidates(p.obj)[sel.key]
-
-
-def _sha256(file: str) -> str:
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _finite(v: torch.Tensor) -> bool:

@@ -30,6 +30,7 @@ import torch
 
 from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.lazy import Parsed, Ref
+from symlib.models.recipe import Recipe
 
 __all__ = ["SKIP", "WRAPPERS", "Reference", "Selection", "candidates", "select", "shape_of"]
 
@@ -76,6 +77,11 @@ class Reference:
             groups.setdefault(id(v), []).append(k)
         ties = {k: (k, *[o for o in g if o != k]) for g in groups.values() if len(g) > 1 for k in g}
         return cls({k: tuple(v.shape) for k, v in sd.items()}, ties, what or type(model).__name__)
+
+    @classmethod
+    def of_recipe(cls, recipe: Recipe) -> Reference:
+        """The names and shapes of one network of ``recipe`` (built on the meta device)."""
+        return cls.of(recipe.build(meta=True), recipe.describe())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="symlib", description="symlib: weight-space symmetries of neural networks."
     )
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of an error (also SYMLIB_DEBUG=1)")
     sub = p.add_subparsers(dest="group", required=True, metavar="{" + ",".join(GROUPS) + "}")
     for name in GROUPS:
         _group(name).add_parser(sub)
@@ -51,14 +54,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``symlib`` and ``python -m symlib``; returns the exit status."""
-    from symlib import zoo
+    """Entry point of ``symlib`` and ``python -m symlib``; returns the exit status.
+
+    A user error (:data:`symlib.errors.USER_ERRORS`: the project's errors and input validation, a missing
+    file or optional package, a diverged computation) prints one line, ``symlib: error: ...``, and exits
+    with status 2. Anything else is a bug and raises with its traceback. ``--debug`` (or the environment
+    variable ``SYMLIB_DEBUG=1``) shows the traceback of user errors too.
+    """
+    from symlib.errors import USER_ERRORS
 
     args = parser().parse_args(argv)
     try:
         _group(args.group).run(args)
-    except (zoo.ZooError, ValueError, TypeError, FileNotFoundError, RuntimeError, FloatingPointError,
-            ImportError) as e:
+    except USER_ERRORS as e:
+        if args.debug or os.environ.get("SYMLIB_DEBUG", "") not in ("", "0"):
+            raise
         print(f"symlib: error: {e}", file=sys.stderr)
+        print("symlib: (rerun with --debug, or SYMLIB_DEBUG=1, for the traceback)", file=sys.stderr)
         return 2
     return 0

@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
     g.add_argument("--model", default=None, metavar="MODULE:CALLABLE",
                    help="an importable callable that returns the nn.Module: package.module:Factory or "
                         "path/to/file.py:Factory (timm: timm:create_model with --model-args "
-                        "'{\"model_name\": ...}')")
+                        "'{\"model_name\": ...}'), or the name of a network of symlib's registry (optunet, "
+                        "resnet18, resnet20, or one added with symlib.models.register)")
     g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
                    help="keyword arguments of --model, as a JSON object")
     g.add_argument("--input-shape", default=None, metavar="C,H,W",

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from symlib.errors import CorruptFileError
+
 # type byte -> big-endian numpy dtype
 IDX_TYPES = {
     0x08: np.dtype(">u1"),
@@ -30,10 +32,6 @@ IDX_TYPES = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-
-
-class CorruptFileError(ValueError):
-    """A data file exists but is damaged, truncated or not what its name says."""
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:

@@ -29,6 +29,7 @@ import torch
 
 from symlib import scales as _scales
 from symlib import training as _train
+from symlib.errors import ArgumentError
 from symlib.params import Params
 
 __all__ = [
@@ -272,7 +273,7 @@ class Method:
         (its ``check``), before any work is done."""
         unknown = sorted(set(hyper) - set(self.hyper))
         if unknown:
-            raise TypeError(
+            raise ArgumentError(
                 f"unknown {self.name} hyper-parameter(s) {unknown}; valid: {sorted(self.hyper)}"
             )
         if self.check is not None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from symlib import models as _models
 from symlib import scales as _scales
 from symlib import store
 from symlib.params import Params
@@ -41,6 +42,7 @@ REPAIR = (
 
 __all__ = [
     "KIND",
+    "architecture",
     "check_model",
     "check_out",
     "identity",
@@ -48,6 +50,7 @@ __all__ = [
     "is_posterior",
     "load",
     "load_params",
+    "model_spec",
     "models",
     "read_chunk",
     "read_manifest",
@@ -57,20 +60,31 @@ __all__ = [
 
 
 def model_spec(arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The constructor of :mod:`symlib.models` and its arguments that rebuild a network with these
-    state-dict ``shapes`` (class name and keyword arguments), inferred from the shapes."""
-    if arch == "optunet":
-        return {"class": "OptuNet", "kwargs": {"num_classes": int(shapes["fc.weight"][0])}}
-    if arch in ("resnet18", "resnet20"):
-        return {
-            "class": {"resnet18": "ResNet18", "resnet20": "ResNet20"}[arch],
-            "kwargs": {
-                "num_classes": int(shapes["fc.weight"][0]),
-                "width": int(shapes["conv1.weight"][0]),
-                "in_channels": int(shapes["conv1.weight"][1]),
-            },
-        }
-    return {"class": None, "kwargs": {}}
+    """The :mod:`symlib.models` class and its keyword arguments that rebuild a network of the registered
+    architecture ``arch`` with these state-dict ``shapes`` (:mod:`symlib.models.registry`); ``{"class":
+    None}`` for an architecture outside the registry."""
+    net = _models.REGISTRY.get(arch)
+    if net is None:
+        return {"class": None, "kwargs": {}}
+    return {"class": net.factory.__name__, "kwargs": net.args_of(shapes)}
+
+
+def architecture(arch: str | None, shapes: dict[str, tuple[int, ...]],
+                 setup: dict[str, Any] | None) -> _models.Recipe | None:
+    """The recipe a sample set's manifest records (``"architecture"``): the registered network ``arch``
+    with the arguments its ``shapes`` give, and the input shape of the set's zoo preset (``setup``), else
+    the registry's; ``None`` for an architecture outside the registry."""
+    from symlib import zoo
+
+    net = _models.REGISTRY.get(arch) if arch else None
+    if net is None:
+        return None
+    args = net.args_of(shapes)
+    shape = net.input_shape(args)
+    if (setup or {}).get("name") in zoo.PRESETS:
+        cfg = zoo.preset(setup["name"], setup.get("scale") or "cpu")
+        shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    return _models.Recipe("symlib", net.name, args, shape)
 
 
 def setup_record(setup: Setup) -> dict[str, Any]:
@@ -153,6 +167,7 @@ def _manifest(
         "arch": arch,
         "data": (setup or {}).get("data"),
         "model": model_spec(arch, {k: tuple(v) for k, v in shapes.items()}) if arch else None,
+        "architecture": _record(architecture(arch, {k: tuple(v) for k, v in shapes.items()}, setup)),
         "shapes": shapes,
         "dtypes": dtypes,
         "chunk": chunk,
@@ -164,6 +179,10 @@ def _manifest(
         "complete": sorted(done) == list(range(len(ranges))),
         **store.provenance(),
     }
+
+
+def _record(recipe: _models.Recipe | None) -> dict[str, Any] | None:
+    return recipe.record() if recipe is not None else None
 
 
 def save(
@@ -333,8 +352,6 @@ def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
     """Check that a manifest's architecture (``arch``, ``setup.arch`` and the ``model`` constructor) agrees
     with the tensor shapes it records, so that an edited or damaged manifest is named here rather than
     failing later in ``load_state_dict``."""
-    from symlib import models as _models
-
     file = Path(path) / MANIFEST
     fix = (
         "the manifest was edited or damaged: restore it, or rerun `symlib posterior sample` with the same "
@@ -361,7 +378,7 @@ def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
         return
     try:
         with torch.device("meta"):
-            net = getattr(_models, expected["class"])(**expected["kwargs"])
+            net = _models.network(arch)(**expected["kwargs"])
     except (AttributeError, TypeError, ValueError) as e:
         raise StoreError(f"{file}: cannot build {expected} ({e}); {fix}") from None
     want = {k: list(v.shape) for k, v in net.state_dict().items()}
@@ -376,32 +393,41 @@ def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
 
 
 def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
-    """One eval-mode ``nn.Module`` per sample (for ``zoo.load(path, as_="models")``)."""
-    from symlib import models as _models
-
-    spec = manifest.get("model") or {}
-    if not spec.get("class"):
-        hint = (" it was imported from checkpoint files: symlib.ckpt.convert.networks(path) rebuilds its "
-                "networks from the architecture its manifest records" if manifest.get("architecture") else "")
+    """One eval-mode ``nn.Module`` per sample (for ``symlib.load(path, as_="models")``), built by the
+    recipe the manifest records (:func:`symlib.store.architecture`)."""
+    recipe = store.architecture(manifest)
+    if recipe is None:
         raise StoreError(
-            f"sample set of architecture {manifest.get('arch')!r}: no symlib.models class to rebuild;{hint}"
+            f"sample set of architecture {manifest.get('arch')!r}: its manifest records no network to rebuild"
         )
+    return networks(params, recipe)
+
+
+def networks(params: Params, recipe: _models.Recipe, where: str = "") -> list[torch.nn.Module]:
+    """One eval-mode ``nn.Module`` per network of a stacked set, built by ``recipe`` in the set's precision
+    and device and loaded with its weights, in the set's order.
+
+    Raises:
+        StoreError: the weights do not fit the recipe's network (an edited or damaged manifest).
+    """
     out = []
     n = next(iter(params.values())).shape[0]
     dev = next(iter(params.values())).device
     dtype = next(v.dtype for v in params.values() if v.is_floating_point())
     for i in range(n):
-        with torch.device("meta"):
-            m = getattr(_models, spec["class"])(**spec["kwargs"])
-        m = m.to_empty(device=dev).to(dtype)  # the samples' precision (float64 sets stay float64)
-        try:
-            m.load_state_dict({k: v[i] for k, v in params.items()})
-        except RuntimeError as e:
+        m = recipe.build(meta=True)  # shapes only; built for real when a buffer is not in the set (the
+        if any(k not in params for k, _ in m.named_buffers()):  # constructor computes it: position ids)
+            m = recipe.build()
+        real = not any(t.is_meta for t in m.state_dict().values())
+        m = m.to(dev, dtype) if real else m.to_empty(device=dev).to(dtype)  # the set's precision
+        missing, unexpected = m.load_state_dict({k: v[i] for k, v in params.items()}, strict=False)
+        gaps = [k for k in missing if not real or k in dict(m.named_parameters())]
+        if gaps or unexpected:
             raise StoreError(
-                f"the samples do not fit the manifest's model {spec['class']}({spec['kwargs']}) ({e}); the "
-                f"manifest was edited or damaged: restore it, or rerun `symlib posterior sample` with the "
-                f"same arguments to rewrite it"
-            ) from None
+                f"{where}: network {i} does not fit the manifest's architecture {recipe.describe()} (missing "
+                f"{gaps[:3]}, unexpected {unexpected[:3]}); the manifest was edited or damaged: "
+                f"restore it, or rerun the command that wrote the folder"
+            )
         out.append(m.eval())
     return out
 
@@ -428,7 +454,7 @@ def info(path: str | os.PathLike) -> str:
     ]
     if man.get("diagnostics"):
         lines.append(f"  diagnostics {json.dumps(man['diagnostics'], sort_keys=True)}")
-    if man.get("source") or man.get("architecture"):  # a set written by symlib.ckpt.convert (symlib import)
+    if "source" in man:  # a set written by symlib.ckpt.convert (symlib import)
         src, rec = man.get("source") or {}, man.get("architecture") or {}
         lines[0] = f"checkpoints {path}: {man['method']} (set {man['set_hash']})"
         args, n_files = json.dumps(rec.get("args") or {}, sort_keys=True), len(src.get("files") or [])

@@ -27,9 +27,11 @@ with the manifest's.
 
 The package splits the format by concept: :mod:`~symlib.store.files` (atomic writes, manifests,
 provenance, the errors), :mod:`~symlib.store.chunks` (chunk files: headers, digests, checks) and
-:mod:`~symlib.store.folders` (an output folder checked before any work); every name is re-exported here.
+:mod:`~symlib.store.folders` (an output folder checked before any work), :mod:`~symlib.store.architecture`
+(the network a manifest records, :func:`architecture`); every name is re-exported here.
 """
 
+from symlib.store.architecture import adapt, architecture
 from symlib.store.chunks import (
     HEADER,
     LEGACY,
@@ -49,7 +51,9 @@ from symlib.store.files import (
     MANIFEST,
     DamagedError,
     StoreError,
+    alive,
     atomic_write_bytes,
+    file_sha256,
     git_commit,
     jsonable,
     kind_of,
@@ -61,6 +65,9 @@ from symlib.store.files import (
 from symlib.store.folders import check_folder, check_out, check_owners
 
 __all__ = [
+    "adapt",
+    "alive",
+    "architecture",
     "FORMAT",
     "HEADER",
     "KINDS",
@@ -72,6 +79,7 @@ __all__ = [
     "atomic_write_bytes",
     "check_folder",
     "check_tensors",
+    "file_sha256",
     "check_owners",
     "check_out",
     "chunk_name",

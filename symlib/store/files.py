@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -12,18 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from symlib._version import __version__
+from symlib.errors import DamagedError, StoreError
 
 FORMAT = "symlib-zoo/1"
 MANIFEST = "manifest.json"
 KINDS = ("zoo", "posterior")
 
+
 __all__ = [
+    "alive",
     "FORMAT",
     "KINDS",
     "MANIFEST",
     "DamagedError",
     "StoreError",
     "atomic_write_bytes",
+    "file_sha256",
     "git_commit",
     "jsonable",
     "kind_of",
@@ -32,18 +37,6 @@ __all__ = [
     "remove_stale",
     "write_manifest",
 ]
-
-
-class StoreError(ValueError):
-    """A checkpoint folder or file that is missing, corrupt, incomplete or not what was asked for.
-
-    ``symlib.zoo.ZooError`` is this class (zoos and sample sets share the format)."""
-
-
-class DamagedError(StoreError):
-    """A file of a checkpoint set that is missing, unreadable or fails its checksum (a damaged disk, an
-    interrupted copy): writing it again from the same computation repairs it. A file that is intact but
-    belongs to another set is a plain :class:`StoreError`: it is never overwritten."""
 
 
 def _umask() -> int:
@@ -76,6 +69,32 @@ def atomic_write_bytes(path: str | os.PathLike, payload: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (what manifests, dataset tables and Croissant record
+    of a file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is running (a zombie, exited but not reaped, is not): whether
+    the temporary files it names are still being written."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (an exited child not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def jsonable(obj: Any) -> Any:

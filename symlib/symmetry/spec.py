@@ -36,11 +36,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from symlib.errors import SymmetryError
 from symlib.params import Params
-
-
-class SymmetryError(ValueError):
-    """A network or a parameter set that a symmetry operation cannot handle."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -288,6 +288,7 @@ def write_manifest(
         "preset": cfg.preset,
         "scale": cfg.scale,
         "arch": cfg.arch,
+        "architecture": cfg.architecture.record(),
         "recipe": dataclasses.asdict(cfg.recipe),
         "n_models": cfg.n_models,
         "seeds": [r["seed"] for r in models],

@@ -25,7 +25,8 @@ class ZooConfig:
     Attributes:
         preset: preset name (see :func:`preset`).
         scale: ``"tiny"``, ``"cpu"`` or ``"paper"``.
-        arch: ``"optunet"``, ``"resnet18"`` or ``"resnet20"``.
+        arch: a registered network (:data:`ARCHS`: ``"optunet"``, ``"resnet18"``, ``"resnet20"``, or one
+            added with :func:`symlib.models.register`).
         dataset: a :mod:`symlib.data` dataset name.
         source: ``"embedded"``, ``"torchvision"`` or ``"synthetic"`` (random images of the right shape).
         recipe: the training recipe.
@@ -94,14 +95,19 @@ class ZooConfig:
         """First 12 hex digits of the sha256 of the configuration (JSON, sorted keys)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
+    @property
+    def architecture(self) -> _models.Recipe:
+        """The recipe of this zoo's network (what its manifest records as ``"architecture"``): the
+        registered network :attr:`arch` (:mod:`symlib.models.registry`) with the arguments it takes of
+        ``num_classes``, ``in_channels`` (:attr:`channels`) and ``width``, and the input shape
+        ``(channels, image_size, image_size)``."""
+        net = _models.network(self.arch)
+        args = net.arguments(num_classes=self.num_classes, in_channels=self.channels, width=self.width)
+        return _models.Recipe("symlib", net.name, args, (self.channels, self.image_size, self.image_size))
+
     def make_model(self) -> torch.nn.Module:
         """A freshly initialised network of this zoo's architecture (global RNG)."""
-        kwargs: dict[str, Any] = {"num_classes": self.num_classes}
-        if self.arch != "optunet":
-            kwargs["in_channels"] = self.channels
-            if self.width is not None:
-                kwargs["width"] = self.width
-        return ARCHS[self.arch](**kwargs)
+        return self.architecture.build()
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ZooConfig:
@@ -111,16 +117,9 @@ class ZooConfig:
         return ZooConfig(recipe=_train.Recipe(**rec), **d)
 
 
-def _arch(name: str):
-    def make(**kw):
-        if not hasattr(_models, name):
-            raise ValueError(f"symlib.models has no {name}; update symlib")
-        return getattr(_models, name)(**kw)
-
-    return make
-
-
-ARCHS = {"optunet": _arch("OptuNet"), "resnet18": _arch("ResNet18"), "resnet20": _arch("ResNet20")}
+ARCHS = _models.REGISTRY
+"""The networks a zoo can hold, by name: the registry of :mod:`symlib.models.registry` (register one there
+to train zoos of it)."""
 
 
 def _mnist_optunet(scale: str) -> ZooConfig:

@@ -75,10 +75,13 @@ def test_import_then_every_tool(runs, tmp_path, capsys):
     assert f"symlib import 'FILES' --to set --model {NETS}:SmallNet --input-shape 1,8,8" in card
     assert "posterior sample" not in card
     assert _same(symlib.load_checkpoints(tmp_path / "a"), set_a)
-    with pytest.raises(symlib.store.StoreError, match=r"symlib\.ckpt\.convert\.networks"):
-        symlib.load(tmp_path / "a", as_="models")  # the user's own class: not a symlib.models one
     nets = convert.networks(tmp_path / "a")
+    loaded, _ = symlib.load(tmp_path / "a", as_="models")  # the user's own class, rebuilt by its recipe
     x = torch.randn(7, *INPUT_SHAPE, dtype=torch.float64)
+    assert len(loaded) == len(nets) == 5
+    for net, other in zip(nets, loaded, strict=True):
+        assert type(other) is type(net) and not other.training
+        assert all(torch.equal(v, other.state_dict()[k]) for k, v in net.state_dict().items())
     for i, net in enumerate(nets):  # each network computes what its checkpoint's weights compute
         weights = {k: v[i].double() for k, v in set_a.items()}
         ref = torch.func.functional_call(SmallNet().double().eval(), weights, (x,))

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ckpt_nets import INPUT_SHAPE, SmallNet
 
 import symlib
-from symlib.ckpt import loader
+from symlib.ckpt import loader, recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,6 +160,6 @@ def test_timm_state_dicts_and_hub_folders(tmp_path):
     rec = hub.recipe
     assert (rec.builder, rec.target, rec.input_shape) == ("timm", "test_resnet", (3, 160, 160))
     _rows_equal(hub.params, states)
-    spec = hub.recipe.spec()
+    spec = recipe.spec(hub.recipe)
     theta = symlib.params.cast(symlib.params.unstack(hub.params, 0), torch.float64)
     assert symlib.assert_same_function(spec, theta, symlib.canonicalize(theta, spec)) < 1e-9

@@ -38,7 +38,7 @@ import shutil
 from pathlib import Path
 
 from symlib import store
-from symlib.store import MANIFEST, StoreError
+from symlib.store import MANIFEST, StoreError, file_sha256
 from symlib.zoo.dataset.card import CARD, CITATION, URLS, card, check_license
 from symlib.zoo.dataset.croissant import CROISSANT, description, validate_croissant
 from symlib.zoo.dataset.hub import HF_PREFIX, resolve
@@ -61,15 +61,6 @@ __all__ = [
     "validate_croissant",
     "verify",
 ]
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes (what the manifest table and Croissant record; read in 1 MiB blocks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _is_card(file: Path) -> bool:
@@ -95,23 +86,13 @@ def is_dataset(path: str | os.PathLike) -> bool:
     return "export" in store.read_manifest(path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_leftovers(parent: Path, name: str) -> None:
     """Delete the temporary folders that killed exports to ``parent / name`` left (their process is
     gone; an export still running keeps its own)."""
     prefix = f".{name}.export-"
     for tmp in parent.glob(f"{glob.escape(prefix)}*.tmp"):
         pid = tmp.name[len(prefix): -len(".tmp")]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and store.alive(int(pid)):
             continue
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -183,6 +164,9 @@ def export(
             "exported_by": store.provenance(),
         }
         exported = {**{k: v for k, v in man.items() if k != "export"}, "export": record}
+        recipe = store.architecture(man, str(src))  # a source written before manifests recorded one
+        if recipe is not None:
+            exported["architecture"] = recipe.record()
         (tmp / MANIFEST).write_text(json.dumps(exported, indent=1))
         all_hashes = {TABLE: hashlib.sha256(csv).hexdigest(), **hashes}
         all_hashes[MANIFEST] = file_sha256(tmp / MANIFEST)

@@ -15,6 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from symlib.store import alive
 from symlib.zoo.chunks import ZooError
 from symlib.zoo.config import ZooConfig
 from symlib.zoo.fanout.plan import Resources, executor_parameters, now, read_json, shard_name, write_json
@@ -112,21 +113,6 @@ def job_id() -> str | None:
                 return f"{os.environ[var]}_{os.environ['SLURM_ARRAY_TASK_ID']}"
             return os.environ[var]
     return None
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine is running (a zombie, exited but not reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (an exited child not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class PidJob:
