@@ -45,6 +45,32 @@ def test_bad_arguments_say_what_to_do(capsys, tmp_path):
     assert "no zoo manifest" in capsys.readouterr().err
 
 
+def test_user_errors_are_one_line_and_debug_shows_the_traceback(capsys, tmp_path, monkeypatch):
+    """A user error prints one line and exits 2; --debug or SYMLIB_DEBUG=1 raises it with its traceback;
+    a bug (an error that is not a user error) is never hidden behind a one-line message."""
+    monkeypatch.delenv("SYMLIB_DEBUG", raising=False)
+    missing = ["zoo", "info", str(tmp_path / "none")]
+    assert cli.main(missing) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("symlib: error: ") and "--debug" in err and "Traceback" not in err
+    with pytest.raises(zoo.ZooError, match="no zoo manifest"):
+        cli.main(["--debug", *missing])
+    monkeypatch.setenv("SYMLIB_DEBUG", "1")
+    with pytest.raises(zoo.ZooError):
+        cli.main(missing)
+    monkeypatch.delenv("SYMLIB_DEBUG")
+
+    def bug(args):
+        raise RuntimeError("an index went wrong")
+
+    monkeypatch.setattr(cli._group("zoo"), "run", bug)
+    with pytest.raises(RuntimeError, match="an index went wrong"):
+        cli.main(missing)
+    monkeypatch.setattr(cli._group("zoo"), "run", lambda args: [].pop())
+    with pytest.raises(IndexError):
+        cli.main(missing)
+
+
 def test_list_presets(capsys):
     assert cli.main(["zoo", "list-presets"]) == 0
     out = capsys.readouterr().out

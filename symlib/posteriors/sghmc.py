@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -232,6 +233,185 @@ def _check(*, setting: str = "corrected", lr: float | None = None, alpha: float 
         raise ValueError(f"thin must be a positive number of epochs, got {thin!r}")
 
 
+@dataclasses.dataclass
+class _Plan:
+    """One SGHMC draw's resolved settings (:func:`_plan`).
+
+    Attributes:
+        lr, alpha, correction, noise_batches, temperature: as :func:`_draw`'s, defaults resolved.
+        eta: the step size :math:`\\eta = lr / N`.
+        from_base: whether the chains start from the base models.
+        burn_in: epochs discarded first; epochs: all of them, ``burn_in + thin * n_per_mode``.
+        keep: the epochs after which a sample is kept.
+        steps: the steps of one chain, ``epochs * ceil(N / batch_size)``.
+        chain_seeds: the initialisations' seeds (without base models); data_seeds: one per chain, of its
+            minibatches; thermo_seeds: one per chain, of the gradient-noise estimates.
+        rule_args: the SGHMC rule's arguments (its noise generator included).
+    """
+
+    lr: float
+    alpha: float
+    correction: bool
+    noise_batches: int
+    temperature: float
+    eta: float
+    from_base: bool
+    burn_in: int
+    epochs: int
+    keep: set[int]
+    steps: int
+    chain_seeds: list[int]
+    data_seeds: list[int]
+    thermo_seeds: list[int]
+    rule_args: dict[str, Any]
+
+
+def _plan(req: Request, setting: str, lr: float | None, alpha: float | None, correction: bool | None,
+          noise_batches: int, temperature: float, burn_in: int | None, thin: int) -> _Plan:
+    """The :class:`_Plan` of a draw: the setting's friction and correction unless overridden, the
+    recipe's final learning rate by default, the burn-in's default, the schedule of epochs and the
+    random streams (:func:`~symlib.posteriors.seeds.stream_seeds`).
+
+    Raises:
+        ValueError: a recipe without weight decay (no proper Gaussian prior), or a non-positive ``lr``.
+    """
+    setup, n_modes, n_per_mode = req.setup, req.n_modes, req.n_per_mode
+    alpha = SETTINGS[setting]["alpha"] if alpha is None else alpha
+    correction = SETTINGS[setting]["correction"] if correction is None else bool(correction)
+    rec = setup.recipe
+    lr = rec.lr_at(rec.epochs - 1) if lr is None else lr
+    check_positive(lr=lr)
+    if rec.weight_decay <= 0:
+        raise ValueError(
+            f"SGHMC needs a proper Gaussian prior, but the recipe's weight decay (prior precision / N) is "
+            f"{rec.weight_decay}; use a recipe with weight_decay > 0"
+        )
+    from_base = req.base is not None
+    burn_in = (max(1, rec.epochs // 2) if from_base else rec.epochs) if burn_in is None else burn_in
+    n_train = setup.n_train
+    eta = lr / n_train
+    chain_seeds = base_seeds(n_modes, req.seed)
+    *data_seeds, noise_seed = stream_seeds(n_modes + 1, req.seed, "sghmc")
+    thermo_seeds = stream_seeds(n_modes, req.seed, "sghmc-gradient-noise")
+    epochs = burn_in + thin * n_per_mode
+    keep = {burn_in + thin * (j + 1) - 1 for j in range(n_per_mode)}  # epochs after which to keep
+    gen = generator(noise_seed, setup.device)
+    steps = epochs * -(-n_train // rec.batch_size)
+    rule_args = dict(n_train=n_train, weight_decay=rec.weight_decay, eta=eta, alpha=alpha,
+                     temperature=temperature, gen=gen)
+    return _Plan(lr, alpha, correction, noise_batches, temperature, eta, from_base, burn_in, epochs, keep,
+                 steps, chain_seeds, data_seeds, thermo_seeds, rule_args)
+
+
+def _stacked_chains(req: Request, plan: _Plan) -> tuple[Params, list[float], dict[str, list[float]]]:
+    """All chains at once on stacked parameters (architectures of :data:`symlib.training.STACKED_GRADS`).
+
+    Returns:
+        The kept samples, mode-major ``{name: (n_modes * n_per_mode, ...)}``; the mean training loss of
+        each chain after burn-in; the temperatures of :meth:`_Thermometer.results`.
+
+    Raises:
+        FloatingPointError: the chains diverged.
+    """
+    setup, n_modes = req.setup, req.n_modes
+    if plan.from_base:
+        theta = {k: req.base[k].clone() for k in reference_state(setup)}
+    else:
+        theta = init_stacked(setup, plan.chain_seeds)
+    thermo = _Thermometer(setup, plan.thermo_seeds, plan.noise_batches, plan.correction, plan.eta,
+                          plan.alpha, plan.temperature)
+    rule = _Stacked(**plan.rule_args, arch=setup.arch, noise_var=thermo.estimate(theta, 0))
+    kept: list[Params] = []
+    run = torch.zeros(n_modes, dtype=torch.float64)
+    cnt = [0]
+
+    def record(b: _train.Batch, state, loss: torch.Tensor) -> None:
+        if b.epoch >= plan.burn_in:
+            run.add_(loss.detach().double().cpu())
+            cnt[0] += 1
+            thermo.velocity(state[1])
+        if b.last_in_epoch:
+            if b.epoch in plan.keep:
+                kept.append({k: t.clone() for k, t in state[0].items()})
+                thermo.measure(state[0], b.epoch, rule.noise_var)
+            if b.epoch + 1 < plan.epochs:
+                rule.noise_var = thermo.estimate(state[0], b.epoch + 1)
+
+    state = (theta, {k: torch.zeros_like(t) for k, t in theta.items()})
+    with bar(plan.steps, f"sghmc ({n_modes} chains stacked)", enabled=req.progress, unit="step") as pb:
+        theta, _ = _walk(rule, state, plan.data_seeds[0], n_modes, setup, plan.epochs, record, pb)
+    for t in theta.values():
+        if not torch.isfinite(t).all():
+            raise FloatingPointError("sghmc: the chains diverged (non-finite weights); lower lr")
+    losses = (run / max(cnt[0], 1)).tolist()
+    # kept: n_per_mode dicts of (M, ...) -> mode-major (M * n_per_mode, ...)
+    params = {k: torch.stack([s[k] for s in kept], 1).flatten(0, 1) for k in kept[0]}
+    return params, losses, thermo.results()
+
+
+def _module_chain(req: Request, plan: _Plan, i: int,
+                  pb) -> tuple[list[Params], float, dict[str, list[float]]]:
+    """Chain ``i`` on one ``nn.Module`` (gradients by autograd), from base model ``i`` or the
+    initialisation of its seed.
+
+    Returns:
+        Its kept samples (whole state dicts, buffers included), its mean training loss after burn-in and
+        its temperatures (:meth:`_Thermometer.results`, one chain).
+    """
+    setup = req.setup
+    if plan.from_base:
+        model = new_module(setup, unstack(req.base, i))
+    else:
+        model = new_module(setup, seed=plan.chain_seeds[i])
+    model.train()
+    thermo = _Thermometer(setup, [plan.thermo_seeds[i]], plan.noise_batches, plan.correction, plan.eta,
+                          plan.alpha, plan.temperature, names=[k for k, _ in model.named_parameters()])
+
+    def params_of(m):  # the whole state (buffers too), as one stacked model
+        return {k: v[None] for k, v in state_of(m).items()}
+
+    def squeeze(nv):
+        return None if nv is None else {k: t[0] for k, t in nv.items()}
+
+    rule = _Module(**plan.rule_args, noise_var=squeeze(thermo.estimate(params_of(model), 0)))
+    samples, acc = [], [0.0, 0]
+
+    def record(b: _train.Batch, state, loss: torch.Tensor) -> None:
+        if b.epoch >= plan.burn_in:
+            acc[0], acc[1] = acc[0] + float(loss), acc[1] + 1
+            thermo.velocity({k: t[None] for k, t in state[1].items()})
+        if b.last_in_epoch:
+            p = params_of(state[0])
+            if b.epoch in plan.keep:
+                samples.append(state_of(state[0]))
+                nv = rule.noise_var
+                nv = None if nv is None else {k: t[None] for k, t in nv.items()}
+                thermo.measure(p, b.epoch, nv)
+            if b.epoch + 1 < plan.epochs:
+                rule.noise_var = squeeze(thermo.estimate(p, b.epoch + 1))
+
+    v = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+    _walk(rule, (model, v), plan.data_seeds[i], 1, setup, plan.epochs, record, pb)
+    return samples, acc[0] / max(acc[1], 1), thermo.results()
+
+
+def _module_chains(req: Request, plan: _Plan) -> tuple[Params, list[float], dict[str, list[float]]]:
+    """The chains one after another (:func:`_module_chain`), for architectures without stacked gradients.
+
+    Returns:
+        As :func:`_stacked_chains`: the samples mode-major, each chain's mean loss, its temperatures.
+    """
+    per_chain, losses, chain_temps = [], [], []
+    with bar(plan.steps * req.n_modes, "sghmc (chains one by one)", enabled=req.progress, unit="step") as pb:
+        for i in range(req.n_modes):
+            samples, loss, temps = _module_chain(req, plan, i, pb)
+            per_chain.extend(samples)
+            losses.append(loss)
+            chain_temps.append(temps)
+    temps = {k: [t[k][0] for t in chain_temps if t[k]] for k in chain_temps[0]}
+    return stack(per_chain), losses, temps
+
+
 def _draw(
     req: Request,
     *,
@@ -269,129 +449,34 @@ def _draw(
         The samples (``method="sghmc"``); diagnostics per chain: the mean training loss over the kept part,
         the effective temperature (mean, min and max over the kept samples) and the kinetic temperature.
     """
-    setup, n_modes, n_per_mode, base = req.setup, req.n_modes, req.n_per_mode, req.base
+    setup = req.setup
     _check(setting=setting, lr=lr, alpha=alpha, noise_batches=noise_batches, temperature=temperature,
            burn_in=burn_in, thin=thin)
-    alpha = SETTINGS[setting]["alpha"] if alpha is None else alpha
-    correction = SETTINGS[setting]["correction"] if correction is None else bool(correction)
+    plan = _plan(req, setting, lr, alpha, correction, noise_batches, temperature, burn_in, thin)
+    chains = _stacked_chains if setup.arch in _train.STACKED_GRADS else _module_chains
+    params, losses, temps = chains(req, plan)
     rec = setup.recipe
-    lr = rec.lr_at(rec.epochs - 1) if lr is None else lr
-    check_positive(lr=lr)
-    if rec.weight_decay <= 0:
-        raise ValueError(
-            f"SGHMC needs a proper Gaussian prior, but the recipe's weight decay (prior precision / N) is "
-            f"{rec.weight_decay}; use a recipe with weight_decay > 0"
-        )
-    from_base = base is not None
-    burn_in = (max(1, rec.epochs // 2) if from_base else rec.epochs) if burn_in is None else burn_in
-    n_train = setup.n_train
-    eta = lr / n_train
-    chain_seeds = base_seeds(n_modes, req.seed)
-    *data_seeds, noise_seed = stream_seeds(n_modes + 1, req.seed, "sghmc")
-    thermo_seeds = stream_seeds(n_modes, req.seed, "sghmc-gradient-noise")
-    epochs = burn_in + thin * n_per_mode
-    keep = {burn_in + thin * (j + 1) - 1 for j in range(n_per_mode)}  # epochs after which to keep
-    gen = generator(noise_seed, setup.device)
-    steps = epochs * -(-n_train // rec.batch_size)
-    rule_args = dict(n_train=n_train, weight_decay=rec.weight_decay, eta=eta, alpha=alpha,
-                     temperature=temperature, gen=gen)
-    if setup.arch in _train.STACKED_GRADS:
-        if from_base:
-            theta = {k: base[k].clone() for k in reference_state(setup)}
-        else:
-            theta = init_stacked(setup, chain_seeds)
-        thermo = _Thermometer(setup, thermo_seeds, noise_batches, correction, eta, alpha, temperature)
-        rule = _Stacked(**rule_args, arch=setup.arch, noise_var=thermo.estimate(theta, 0))
-        kept: list[Params] = []
-        run = torch.zeros(n_modes, dtype=torch.float64)
-        cnt = [0]
-
-        def record(b: _train.Batch, state, loss: torch.Tensor) -> None:
-            if b.epoch >= burn_in:
-                run.add_(loss.detach().double().cpu())
-                cnt[0] += 1
-                thermo.velocity(state[1])
-            if b.last_in_epoch:
-                if b.epoch in keep:
-                    kept.append({k: t.clone() for k, t in state[0].items()})
-                    thermo.measure(state[0], b.epoch, rule.noise_var)
-                if b.epoch + 1 < epochs:
-                    rule.noise_var = thermo.estimate(state[0], b.epoch + 1)
-
-        state = (theta, {k: torch.zeros_like(t) for k, t in theta.items()})
-        with bar(steps, f"sghmc ({n_modes} chains stacked)", enabled=req.progress, unit="step") as pb:
-            theta, _ = _walk(rule, state, data_seeds[0], n_modes, setup, epochs, record, pb)
-        for t in theta.values():
-            if not torch.isfinite(t).all():
-                raise FloatingPointError("sghmc: the chains diverged (non-finite weights); lower lr")
-        losses = (run / max(cnt[0], 1)).tolist()
-        temps = thermo.results()
-        # kept: n_per_mode dicts of (M, ...) -> mode-major (M * n_per_mode, ...)
-        params = {k: torch.stack([s[k] for s in kept], 1).flatten(0, 1) for k in kept[0]}
-    else:
-        per_chain, losses, chain_temps = [], [], []
-        with bar(steps * n_modes, "sghmc (chains one by one)", enabled=req.progress, unit="step") as pb:
-            for i in range(n_modes):
-                if from_base:
-                    model = new_module(setup, unstack(base, i))
-                else:
-                    model = new_module(setup, seed=chain_seeds[i])
-                model.train()
-                thermo = _Thermometer(setup, [thermo_seeds[i]], noise_batches, correction, eta, alpha,
-                                      temperature, names=[k for k, _ in model.named_parameters()])
-
-                def params_of(m):  # the whole state (buffers too), as one stacked model
-                    return {k: v[None] for k, v in state_of(m).items()}
-
-                def squeeze(nv):
-                    return None if nv is None else {k: t[0] for k, t in nv.items()}
-
-                rule = _Module(**rule_args, noise_var=squeeze(thermo.estimate(params_of(model), 0)))
-                samples_i, acc = [], [0.0, 0]
-
-                def record(b: _train.Batch, state, loss: torch.Tensor, samples_i=samples_i, acc=acc,
-                           thermo=thermo, rule=rule) -> None:
-                    if b.epoch >= burn_in:
-                        acc[0], acc[1] = acc[0] + float(loss), acc[1] + 1
-                        thermo.velocity({k: t[None] for k, t in state[1].items()})
-                    if b.last_in_epoch:
-                        p = params_of(state[0])
-                        if b.epoch in keep:
-                            samples_i.append(state_of(state[0]))
-                            nv = rule.noise_var
-                            nv = None if nv is None else {k: t[None] for k, t in nv.items()}
-                            thermo.measure(p, b.epoch, nv)
-                        if b.epoch + 1 < epochs:
-                            rule.noise_var = squeeze(thermo.estimate(p, b.epoch + 1))
-
-                v = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
-                _walk(rule, (model, v), data_seeds[i], 1, setup, epochs, record, pb)
-                per_chain.extend(samples_i)
-                losses.append(acc[0] / max(acc[1], 1))
-                chain_temps.append(thermo.results())
-        params = stack(per_chain)
-        temps = {k: [t[k][0] for t in chain_temps if t[k]] for k in chain_temps[0]}
     return SampleSet(
         params=params,
         method="sghmc",
-        n_modes=n_modes,
-        n_per_mode=n_per_mode,
+        n_modes=req.n_modes,
+        n_per_mode=req.n_per_mode,
         hyper={
             "setting": setting,
-            "lr": lr,
-            "eta": eta,
-            "alpha": alpha,
-            "correction": correction,
+            "lr": plan.lr,
+            "eta": plan.eta,
+            "alpha": plan.alpha,
+            "correction": plan.correction,
             "noise_batches": noise_batches,
             "temperature": temperature,
-            "burn_in_epochs": burn_in,
+            "burn_in_epochs": plan.burn_in,
             "thin_epochs": thin,
             "prior_precision": setup.prior_precision,
-            "n_train": n_train,
+            "n_train": setup.n_train,
             "batch_size": rec.batch_size,
             "crop_padding": rec.crop_padding,
-            "start": "base models" if from_base else "initialisation",
-            "noise_std": math.sqrt(2.0 * alpha * eta * temperature),
+            "start": "base models" if plan.from_base else "initialisation",
+            "noise_std": math.sqrt(2.0 * plan.alpha * plan.eta * temperature),
         },
         diagnostics={"mean_loss_after_burn_in": losses, **temps},
     )

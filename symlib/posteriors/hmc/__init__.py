@@ -95,63 +95,8 @@ __all__ = [
 
 
 # tiny: a smoke test. cpu: the book's local reference (book: chapter "Table 1"), 10 chains from the 10
-# multi-mode base models (cached). Chosen from measurements on 2 cores (machine loaded, ~0.4 s per full-batch
-# gradient of 10 chains; ~0.11 s quiet), starting from networks polished by 400 full-batch L-BFGS iterations:
-# * metric = GGN on 1,000 images + prior: step size 0.03-0.06 (the GGN of 4,000 images has eigenvalues up to
-#   26 times the 1,000-image one's); GGN on all 4,000 images + prior: still 0.03-0.06, because the energy
-#   error blows up along the directions the GGN sees as flat (the scaling symmetries: moving along them
-#   changes the curvature of everything else);
-# * GGN + c I, c = 100: step size 0.16-0.21 with 8 leapfrog steps, 0.07-0.15 with 40; c = 1,000 allows longer
-#   steps but moves ten times slower along the flat directions;
-# * 150 draws of 8 steps (1,600 gradients) or 45 draws of 40 steps (2,400 gradients): per-chain split R-hat
-#   of the potential 1.02-2.1, bulk ESS 1.4-18, the predictive probabilities of single test digits worse (ESS
-#   ~2): at this budget the chains do not reach equilibrium even within their own basins.
-# Measured later (4 chains, 200 draws of 16-24 steps, ~4,000-5,500 gradients per chain):
-# * polish: L-BFGS on all chains at once stalls (U/N still falling after 400 iterations, gradient norms ~150);
-#   Levenberg-Marquardt with the GGN reaches U/N 0.13-0.24 in 30 iterations (46 s), then stalls at the
-#   float32 resolution of U. From there the chains reach their typical level (U/N + d / 2N = +0.05) within
-#   30 warm-up trajectories, yet their training NLL keeps falling while they sample (0.158 -> 0.141);
-# * the metric's damping limits the step along the scaling orbits: GGN + I gives step 0.03, GGN + I + 1000
-#   on the orbits' tangents 0.08-0.10. Whitened by that metric, the draws' covariance has eigenvalues up to
-#   2,000-2,900 (124 of 392 above 1): the posterior is far wider than the Laplace approximation along
-#   curved directions, and widening the metric to the draws' covariance shrinks the step to 0.02-0.05;
-# * along the scaling orbits the posterior's mass is far from the mode's balanced scales (the orbit volume:
-#   a conv1 channel's incoming norm falls from ~5.5 to ~3); exact moves along them (orbit_moves,
-#   symlib.posteriors.hmc.orbits) put the scales at equilibrium at once and raise the per-chain ESS of the
-#   test log-likelihood from 12-26 to 21-48 of 200 draws, but single test digits' probabilities and the
-#   potential stay at ESS 1.6-5 in some chains. With this preset they change nothing (ESS 1.5-2.1).
-# * a true mode does not help: Levenberg-Marquardt in float64 (20 iterations with the GGN, then 170 with the
-#   exact Hessian; 7 min for 4 chains) takes U/N from 0.146-0.171 to 0.129-0.148, converged to 1e-7 but
-#   with gradient norms stuck at 10-25 (ReLU kinks; the Hessian had negative eigenvalues down to -55 on the
-#   way). Chains
-#   started there (orbit moves, GGN + orbit-damped metric, 200 draws of 16 steps) still drift: one chain's
-#   U/N fell from 0.191 to 0.168 across the quarters of its draws, below its start's U/N + d / 2N (0.184),
-#   so the "mode" is not the bottom of the mass the chain finds; per-chain potential ESS 1.4-22.
-#   400 more draws (11,000 gradients per chain in all): another chain's U/N still falling (0.195 -> 0.185),
-#   per-chain potential ESS 2.6-34 of 400 draws.
-# * a metric that follows the orbits does not help either (gauge_sigma=0.1, symlib.posteriors.hmc.gauge: the
-#   start's GGN + the gauge term carried to each trajectory's scales, + lambda I, no other damping; orbit
-#   moves; 4 chains from the first four base models, 60 polish epochs, 30 warm-up and 100 kept trajectories
-#   of 16 steps, 2,214 gradients per chain, 466 s on a 2-core AVX2 machine shared with make zoo): step sizes
-#   0.038-0.059, acceptance 0.73-0.82, U/N still falling over the quarters of every chain (e.g. 0.213 ->
-#   0.194), per-chain bulk ESS of the potential 1.7-14.6, of the test log-likelihood 12-48, worst invariant
-#   functional 1.5-1.9, split R-hat 1.55-2.01.
-# * nor does a burn-in at temperature 1 by minibatch dynamics, where an epoch moves ~60 steps for the cost of
-#   one gradient: 300 epochs of SGHMC (corrected, no crops; 220 s for 4 chains) from the base models, then the
-#   same gauged sampler (2,214 gradients per chain, 400 s): U/N 0.21-0.25 after SGHMC, 0.19-0.21 under HMC,
-#   one chain stationary over its quarters (0.190, 0.184, 0.189, 0.190), another still falling (0.204 ->
-#   0.187); per-chain bulk ESS of the potential 1.9-10, of the test log-likelihood 2.3-14, worst invariant
-#   functional 1.5-1.7 (deterministic: a rerun on quiet cores gave the same numbers, SGHMC 62 s, HMC 156 s).
-#   The slowest functionals are trends, not flips: a confident probe creeping from 0.998 to 1 in the chain
-#   whose U held steady, an ambiguous one rising from 0.3 to 1.0 in another; each conv2 channel's contribution
-#   (mean activity on 1,000 training digits x the norm of its fc column, invariant along the orbits) drifts
-#   too, per-chain bulk ESS 1.6-28. The chains keep sharpening their predictions for thousands of gradients.
-#   Two Metropolis moves of all weights by a common factor e^t (t ~ N(0, 0.01^2), Jacobian e^{Dt}) before
-#   each trajectory (accepted 70%) changed nothing: worst per-chain ESS 1.5-2.1, U/N falling in 3 of 4 chains.
-# A per-chain-converged OptuNet reference needs a better sampler than these (or far more than 10
-# CPU-minutes); the chapter reports what this one reaches.
-# The preset spends about the budget the chapter allows (~2,000 gradients, ~10 CPU-minutes when quiet) on long
-# trajectories, and reports what it reaches. paper: a GPU-sized run of the same.
+# multi-mode base models (cached), about the budget the chapter allows spent on long trajectories; how it
+# was chosen: docs/performance.md, "How Table 1's HMC preset was chosen". paper: a GPU-sized run of the same.
 PRESETS = {
     "tiny": Config(n_warmup=6, n_leapfrog=3, grad_chunk=256, metric="ggn", n_test=64, n_probe=4),
     "cpu": Config(n_warmup=10, n_leapfrog=32, jitter=0.2, polish_epochs=60, metric="ggn",

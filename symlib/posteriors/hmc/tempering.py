@@ -97,6 +97,110 @@ class TemperedResult:
         }
 
 
+class _Tempered:
+    r"""The potentials of every replica, :math:`U_k = \beta_k L + \tfrac{\lambda}{2}\lVert\theta\rVert^2`
+    (row ``k * C + c`` at ``beta_row[k * C + c]``), as :func:`~symlib.posteriors.hmc.sampler.transition`
+    calls them; counts its calls and keeps the last :math:`L` and :math:`\nabla L` (``nll``, ``grad``)."""
+
+    def __init__(self, likelihood: Potential, beta_row: torch.Tensor, lam: float):
+        self.likelihood, self.beta_row, self.lam = likelihood, beta_row, lam
+        self.calls = 0
+        self.nll: torch.Tensor | None = None
+        self.grad: torch.Tensor | None = None
+
+    def tempered(self, theta: torch.Tensor, nll: torch.Tensor,
+                 grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U (R,), grad U (R, D))`` of states ``theta`` from their likelihood ``nll`` and its gradient."""
+        return (self.beta_row * nll + 0.5 * self.lam * (theta * theta).sum(1),
+                self.beta_row[:, None] * grad + self.lam * theta)
+
+    def __call__(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U, grad U)`` at ``theta``, one call of the likelihood."""
+        self.calls += 1
+        self.nll, self.grad = self.likelihood(theta)
+        return self.tempered(theta, self.nll, self.grad)
+
+
+def _checked_ladder(betas: torch.Tensor, n_warmup: int, n_samples: int, n_leapfrog: int,
+                    thin: int) -> torch.Tensor:
+    """``betas`` as float64 once checked to decrease strictly from 1 to a positive value, and the run's
+    counts checked (``n_warmup >= 0``, the others ``>= 1``)."""
+    betas = torch.as_tensor(betas, dtype=torch.float64)
+    if betas.ndim != 1 or not bool((betas > 0).all()) or float(betas[0]) != 1.0 or not bool(
+        (betas[1:] < betas[:-1]).all()
+    ):
+        raise ValueError(f"betas must decrease strictly from 1 to a positive value, got {betas.tolist()}")
+    _scales.check_int("n_warmup", n_warmup, 0)
+    for name, v in (("n_samples", n_samples), ("n_leapfrog", n_leapfrog), ("thin", thin)):
+        _scales.check_int(name, v, 1)
+    return betas
+
+
+@dataclasses.dataclass
+class _Exchange:
+    """The swaps between neighbouring temperatures of ``C`` ladders of ``K`` replicas, and their counters.
+
+    Attributes:
+        betas: ``(K,)`` the ladder; dt, dev: the states' dtype and device.
+        label: ``(K, C)`` which replica sits at each row (row ``k * C + c``: temperature ``k`` of chain
+            ``c``).
+        direction: ``(K C,)`` per replica, 0: not yet at an end, 1: heading hot, 2: heading cold.
+        trips: ``(C,)`` round trips so far; swaps, tries: ``(max(K - 1, 1),)`` accepted and proposed
+            swaps per pair of neighbours, after warm-up.
+    """
+
+    betas: torch.Tensor
+    dt: torch.dtype
+    dev: torch.device
+    label: torch.Tensor
+    direction: torch.Tensor
+    trips: torch.Tensor
+    swaps: torch.Tensor
+    tries: torch.Tensor
+
+    @classmethod
+    def start(cls, betas: torch.Tensor, c: int, dt: torch.dtype, dev: torch.device) -> _Exchange:
+        """No swap yet, every replica at its own row, none at an end."""
+        k = betas.shape[0]
+        return cls(betas, dt, dev, torch.arange(k * c).reshape(k, c), torch.zeros(k * c, dtype=torch.int64),
+                   torch.zeros(c, dtype=torch.int64), torch.zeros(max(k - 1, 1), dtype=torch.float64),
+                   torch.zeros(max(k - 1, 1), dtype=torch.float64))
+
+    def swap(self, it: int, theta: torch.Tensor, nll: torch.Tensor, gl: torch.Tensor, gen: torch.Generator,
+             warm: bool) -> None:
+        r"""Round ``it``'s exchanges, in place on the rows of ``theta``, ``nll`` and ``gl`` (the states,
+        their :math:`L` and :math:`\nabla L`) and on the labels: the pairs ``(k, k + 1)`` with ``k`` of
+        the parity of ``it``, each accepted with probability :math:`\min\{1, \exp((\beta_k -
+        \beta_{k+1})(L_k - L_{k+1}))\}`; counted unless ``warm``."""
+        k, c = self.label.shape
+        lo = torch.arange(it % 2, k - 1, 2)
+        if not lo.numel():
+            return
+        la, lb = nll.view(k, c)[lo], nll.view(k, c)[lo + 1]
+        log_r = (self.betas[lo] - self.betas[lo + 1]).to(self.dt).to(self.dev)[:, None] * (la - lb)
+        coin = torch.rand(lo.numel(), c, generator=gen, dtype=torch.float64).to(self.dev)
+        ok = torch.log(coin) < log_r.double()
+        if not warm:
+            self.swaps[lo] += ok.double().sum(1).cpu()
+            self.tries[lo] += c
+        rows_a = (lo[:, None] * c + torch.arange(c)[None]).to(self.dev)
+        a, b = rows_a[ok], (rows_a + c)[ok]
+        for t in (theta, nll, gl):
+            t[a], t[b] = t[b].clone(), t[a].clone()
+        lab = self.label.view(-1)
+        lab[a.cpu()], lab[b.cpu()] = lab[b.cpu()].clone(), lab[a.cpu()].clone()
+
+    def travel(self) -> None:
+        """Count the round trips completed by the replicas now at the coldest temperature, and turn those
+        at either end."""
+        k = self.label.shape[0]
+        cold, hot = self.label[0], self.label[k - 1]
+        done = self.direction[cold] == 2
+        self.trips += done.long()
+        self.direction[cold] = 1
+        self.direction[hot] = torch.where(self.direction[hot] == 1, 2, self.direction[hot])
+
+
 def run_tempered(
     likelihood: Potential,
     prior_precision: float,
@@ -129,14 +233,7 @@ def run_tempered(
         progress: show a progress bar.
     """
     lam = check_precision(prior_precision)
-    betas = torch.as_tensor(betas, dtype=torch.float64)
-    if betas.ndim != 1 or not bool((betas > 0).all()) or float(betas[0]) != 1.0 or not bool(
-        (betas[1:] < betas[:-1]).all()
-    ):
-        raise ValueError(f"betas must decrease strictly from 1 to a positive value, got {betas.tolist()}")
-    _scales.check_int("n_warmup", n_warmup, 0)
-    for name, v in (("n_samples", n_samples), ("n_leapfrog", n_leapfrog), ("thin", thin)):
-        _scales.check_int(name, v, 1)
+    betas = _checked_ladder(betas, n_warmup, n_samples, n_leapfrog, thin)
     metric = metric or Identity()
     k = betas.shape[0]
     start = theta0.detach()
@@ -145,20 +242,11 @@ def run_tempered(
     _, c, dim = start.shape
     dt, dev = start.dtype, start.device
     theta = start.reshape(k * c, dim).clone()  # row k * C + c: temperature k of chain c
-    beta_row = betas.to(dt).to(dev).repeat_interleave(c)
+    potential = _Tempered(likelihood, betas.to(dt).to(dev).repeat_interleave(c), lam)
     gen = torch.Generator().manual_seed(int(seed))
-    calls = [0]
-    last: dict[str, torch.Tensor] = {}
-
-    def potential(th: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        calls[0] += 1
-        nll, g = likelihood(th)
-        last["nll"], last["g"] = nll, g
-        return beta_row * nll + 0.5 * lam * (th * th).sum(1), beta_row[:, None] * g + lam * th
-
     t0 = time.perf_counter()
     u, g = potential(theta)
-    nll, gl = last["nll"], last["g"]
+    nll, gl = potential.nll, potential.grad
     if not bool(torch.isfinite(u).all() & torch.isfinite(g).all()):
         raise FloatingPointError("non-finite potential or gradient at the initial states")
     eps = initial_step_size(theta, u, g, potential, gen, metric)
@@ -169,12 +257,7 @@ def run_tempered(
     nlls = torch.empty(c, n_samples, dtype=dt, device=dev)
     acc = torch.zeros(k * c, dtype=torch.float64)
     div = torch.zeros(k * c, dtype=torch.int64)
-    swaps = torch.zeros(max(k - 1, 1), dtype=torch.float64)
-    tries = torch.zeros(max(k - 1, 1), dtype=torch.float64)
-    # replica labels for round trips: which replica sits at each row, and where it last touched an end
-    label = torch.arange(k * c).reshape(k, c)
-    direction = torch.zeros(k * c, dtype=torch.int64)  # 0: not yet at an end, 1: heading hot, 2: heading cold
-    trips = torch.zeros(c, dtype=torch.int64)
+    ex = _Exchange.start(betas, c, dt, dev)
     bar = _progress.bar(total, "replica exchange", enabled=progress)
     for it in range(total):
         warm = it < n_warmup
@@ -182,41 +265,20 @@ def run_tempered(
             eps = adapt.final.to(dt)
         e = eps if warm else jittered(eps, jitter, gen)
         st = transition(theta, u, g, e, n_leapfrog, potential, gen, metric, where=str(it))
-        nll = torch.where(st.accepted, last["nll"], nll)
-        gl = torch.where(st.accepted[:, None], last["g"], gl)
+        nll = torch.where(st.accepted, potential.nll, nll)
+        gl = torch.where(st.accepted[:, None], potential.grad, gl)
         theta = st.theta
         if warm:
             eps = adapt.update(st.accept_prob).to(dt)
         else:
             acc += st.accept_prob.cpu()
             div += st.divergent.long().cpu()
-        # swaps between neighbouring temperatures, even pairs then odd pairs
-        if k > 1:
-            first = it % 2
-            lo = torch.arange(first, k - 1, 2)
-            if lo.numel():
-                la, lb = nll.view(k, c)[lo], nll.view(k, c)[lo + 1]
-                log_r = (betas[lo] - betas[lo + 1]).to(dt).to(dev)[:, None] * (la - lb)
-                coin = torch.rand(lo.numel(), c, generator=gen, dtype=torch.float64).to(dev)
-                ok = torch.log(coin) < log_r.double()
-                if not warm:
-                    swaps[lo] += ok.double().sum(1).cpu()
-                    tries[lo] += c
-                rows_a = (lo[:, None] * c + torch.arange(c)[None]).to(dev)
-                a, b = rows_a[ok], (rows_a + c)[ok]
-                for t in (theta, nll, gl):
-                    t[a], t[b] = t[b].clone(), t[a].clone()
-                lab = label.view(-1)
-                lab[a.cpu()], lab[b.cpu()] = lab[b.cpu()].clone(), lab[a.cpu()].clone()
-        u = beta_row * nll + 0.5 * lam * (theta * theta).sum(1)
-        g = beta_row[:, None] * gl + lam * theta
-        if not warm and k > 1:
-            cold, hot = label[0], label[k - 1]
-            done = direction[cold] == 2
-            trips += done.long()
-            direction[cold] = 1
-            direction[hot] = torch.where(direction[hot] == 1, 2, direction[hot])
+        if k > 1:  # swaps between neighbouring temperatures, even pairs then odd pairs
+            ex.swap(it, theta, nll, gl, gen, warm)
+        u, g = potential.tempered(theta, nll, gl)
         if not warm:
+            if k > 1:
+                ex.travel()
             j, r = divmod(it - n_warmup, thin)
             if r == thin - 1:
                 draws[:, j], nlls[:, j] = theta[:c], nll[:c]
@@ -229,12 +291,12 @@ def run_tempered(
         potential=pots,
         nll=nlls,
         betas=betas,
-        swap_accept=swaps / tries.clamp_min(1),
-        round_trips=trips,
+        swap_accept=ex.swaps / ex.tries.clamp_min(1),
+        round_trips=ex.trips,
         accept_prob=(acc / n_after).view(k, c),
         step_size=eps.cpu().view(k, c),
         divergences=div.view(k, c),
         n_leapfrog=n_leapfrog,
-        n_grad=calls[0],
+        n_grad=potential.calls,
         seconds=time.perf_counter() - t0,
     )

@@ -123,27 +123,7 @@ def align(
     std0 = {} if std0 is None else dict(std0)
     std1_given = std1 is not None
     std1 = {} if std1 is None else dict(std1)
-    if names is None:
-        names = [k for k in spec.shapes if mean0[k].is_floating_point()
-                 and any(a.param == k and a.perm is not None for a in spec.actions)
-                 and (cost not in ("kl", "kl-mean") or k in std0)]
-    names = list(names)
-    if not names:
-        raise ValueError(
-            f"no tensor to align with cost {cost!r}: names is empty, or (KL costs) std0 holds none of the "
-            "permuted tensors; pass the posterior's standard deviations or name the tensors with names="
-        )
-    if cost in ("kl", "kl-mean"):
-        sides = (("std0", std0), ("std1", std1)) if cost == "kl" else (("std0", std0),)
-        for side, std in sides:
-            bad = [k for k in names if k not in std or not bool((std[k] > 0).all())]
-            if bad:
-                raise ValueError(
-                    f"cost {cost!r} needs positive {side}, missing or not positive on {bad[:3]}; pass the "
-                    "posteriors' standard deviations, or restrict the aligned tensors with names="
-                )
-    for side, d in (("mean0", mean0), ("mean1", mean1), ("std0", std0), ("std1", std1)):
-        _check_finite(side, d, names)
+    names = _aligned_names(spec, cost, names, mean0, mean1, std0, std1)
     acts = touched(spec, names)
     fa, fb = features(cost, mean0, std0, mean1, std1, names)
     d = Descent(spec, fa, fb, acts)
@@ -156,11 +136,7 @@ def align(
     tracker = Cost(cost, spec, mean0, std0, mean1, std1, names, d.by_param)
     first, tracker.terms = tracker.value(perms)
 
-    units: list[tuple[str, str]] = [("label", k) for k in spec.perms if k in d.by_label]
-    ties = spec.tie_classes()
-    for tie, labels in ties.items():
-        if tie is not None and spec.blocks[labels[0]][0] > 1:
-            units.append(("blocks", tie))
+    units, ties = _units(spec, d)
     rng = np.random.default_rng(seed)
     costs = [first]
     steps: list[str] = []
@@ -201,6 +177,51 @@ def align(
         rounds=rounds,
         converged=converged,
     )
+
+
+def _aligned_names(spec: Spec, cost: str, names, mean0: Params, mean1: Params, std0: Params,
+                   std1: Params) -> list[str]:
+    """The tensors entering the cost: ``names``, by default every floating tensor some permutation acts
+    on (for the KL costs, those of them ``std0`` holds); checked to be some, with the positive stds the
+    KL costs need and finite values on every side.
+
+    Raises:
+        ValueError: no tensor, a missing or non-positive std, a NaN or infinite value.
+    """
+    if names is None:
+        names = [k for k in spec.shapes if mean0[k].is_floating_point()
+                 and any(a.param == k and a.perm is not None for a in spec.actions)
+                 and (cost not in ("kl", "kl-mean") or k in std0)]
+    names = list(names)
+    if not names:
+        raise ValueError(
+            f"no tensor to align with cost {cost!r}: names is empty, or (KL costs) std0 holds none of the "
+            "permuted tensors; pass the posterior's standard deviations or name the tensors with names="
+        )
+    if cost in ("kl", "kl-mean"):
+        sides = (("std0", std0), ("std1", std1)) if cost == "kl" else (("std0", std0),)
+        for side, std in sides:
+            bad = [k for k in names if k not in std or not bool((std[k] > 0).all())]
+            if bad:
+                raise ValueError(
+                    f"cost {cost!r} needs positive {side}, missing or not positive on {bad[:3]}; pass the "
+                    "posteriors' standard deviations, or restrict the aligned tensors with names="
+                )
+    for side, d in (("mean0", mean0), ("mean1", mean1), ("std0", std0), ("std1", std1)):
+        _check_finite(side, d, names)
+    return names
+
+
+def _units(spec: Spec, d: Descent) -> tuple[list[tuple[str, str]], dict]:
+    """The units of the descent and the spec's tie classes: ``("label", label)`` for every label some
+    aligned tensor carries, in the spec's order, then ``("blocks", tie)`` for every tie of grouped labels
+    with more than one block (the block step)."""
+    units: list[tuple[str, str]] = [("label", k) for k in spec.perms if k in d.by_label]
+    ties = spec.tie_classes()
+    for tie, labels in ties.items():
+        if tie is not None and spec.blocks[labels[0]][0] > 1:
+            units.append(("blocks", tie))
+    return units, ties
 
 
 def _reach(d: Descent, unit: tuple[str, str]) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from symlib.store import MANIFEST
 from symlib.zoo.dataset.croissant import CROISSANT
@@ -82,103 +82,126 @@ def _yaml_list(items: list[str]) -> str:
     return "\n".join(f"- {json.dumps(i)}" for i in items)
 
 
-def card(man: dict[str, Any], rows: list[dict[str, Any]], files: list[str], name: str, license: str,
-         repo: str) -> str:
-    """The dataset card (``README.md``) of an export: YAML metadata for the Hub (license, task, size,
-    tags, the manifest table as the dataset viewer's data), then what the set holds, how it was made and
-    how to reproduce it, the files, how to load it, its license and the citation of the paper.
+class _Origin(NamedTuple):
+    """What an exported set holds and how it was made, as its card tells it.
 
-    Args:
-        man: the set's manifest; rows: the manifest table's rows; files: the chunk files.
-        name: the dataset's name; license: a Hub license identifier (:func:`check_license`);
-        repo: ``"owner/name"`` on the Hub, or ``""``.
+    Attributes:
+        what: the card's opening sentence, up to "stored as safetensors".
+        made: the lines of the section "How it was made" (provenance, then how to reproduce the set).
+        arch, dataset: the architecture and the training data (``"checkpoints"`` for an import), tags of
+            the Hub's metadata.
+        files: the files the section "Files" counts when not the chunk files (an import's source
+            checkpoints), else ``None``.
     """
-    kind = man.get("kind", "zoo")
+
+    what: str
+    made: list[str]
+    arch: Any
+    dataset: Any
+    files: list | None = None
+
+
+def _zoo_origin(man: dict[str, Any], rows: list[dict[str, Any]], name: str) -> _Origin:
+    """A zoo's :class:`_Origin`: its preset, seeds, recipe, data fingerprint, test accuracy (mean, min and
+    max of the table's ``test_acc``) and the two commands that train and export it again."""
     n = len(rows)
     data = man.get("data") or {}
-    if kind == "zoo":
-        cfg = man["config"]
-        arch, dataset = man["arch"], cfg["dataset"]
-        what = (f"{n} independently trained `{arch}` networks on {dataset} (symlib zoo preset "
-                f"`{man['preset']}` at scale `{man['scale']}`, configuration `{man['config_hash']}`)")
-        accs = [float(r["test_acc"]) for r in rows]
-        mean = sum(accs) / n
-        trained = [
-            f"Model `i` has seed `{cfg['seed']} + i` (seeds {cfg['seed']}..{cfg['seed'] + n - 1}); from it "
-            "symlib derives the initialisation, the data order and the random crops, so every network is "
-            "reproducible on its own.",
-            "",
-            "| setting | value |",
-            "|---|---|",
-            *(f"| {k} | `{json.dumps(v)}` |" for k, v in man["recipe"].items()),
-            f"| training images | {data.get('n_train')} ({data.get('source')}) |",
-            f"| data fingerprint | `{data.get('fingerprint')}` |",
-            "",
-            f"Test accuracy on {data.get('n_test')} test images: mean {mean:.4f}, min "
-            f"{min(accs):.4f}, max {max(accs):.4f} (column `test_acc`).",
-            "",
-            "Reproduce it (bit for bit on the same hardware and software):",
-            "",
-            "```bash",
-            "# in a checkout of symlib (the companion library of the paper's living reproduction)",
-            f"symlib zoo train --preset {man['preset']} --scale {man['scale']}"
-            + (f" --seed {cfg['seed']}" if cfg["seed"] else "") + " --out zoo",
-            f"symlib zoo export zoo --to {name}",
-            "```",
-        ]
-        tasks = ["image-classification"]
-    elif man.get("architecture"):  # checkpoint files imported with `symlib import` (symlib.ckpt.convert)
-        rec, src = man["architecture"], man.get("source") or {}
-        arch, dataset = man.get("arch"), "checkpoints"
-        files = src.get("files") or []
-        what = (f"{n} checkpoints of `{rec.get('target')}` ({rec.get('builder')}), imported from "
-                f"{len(files)} checkpoint file(s)")
-        model = f"--model {rec.get('target')}" if rec.get("builder") == "factory" else ""
-        if rec.get("args"):
-            model += f" --model-args '{json.dumps(rec['args'], sort_keys=True)}'"
-        if rec.get("input_shape"):
-            model += f" --input-shape {','.join(str(d) for d in rec['input_shape'])}"
-        trained = [
-            "Imported from these files (sha256 of each in the manifest's `source`): "
-            + ", ".join(f"`{Path(f.get('path', '')).name}`" for f in files[:10])
-            + (f" and {len(files) - 10} more" if len(files) > 10 else "") + ".",
-            "",
-            "Rebuild it from the same files:",
-            "",
-            "```bash",
-            f"symlib import 'FILES' --to set {model}".rstrip(),
-            f"symlib zoo export set --to {name}",
-            "```",
-        ]
-        tasks = ["image-classification"]
-    else:
-        setup = man.get("setup") or {}
-        arch, dataset = man.get("arch"), (setup.get("data") or {}).get("name", setup.get("name"))
-        what = (f"{n} weight samples of the `{man['method']}` posterior approximation of `{arch}` on "
-                f"{setup.get('name')} ({man['n_modes']} modes x {man['n_per_mode']} samples, set "
-                f"`{man['set_hash']}`)")
-        trained = [
-            f"Method `{man['method']}`, hyper-parameters `{json.dumps(man.get('hyper'), sort_keys=True)}`, "
-            f"run seed {man.get('seed')}, base models {json.dumps((man.get('base') or {}).get('seeds'))}.",
-            "",
-            "Reproduce it:",
-            "",
-            "```bash",
-            f"symlib posterior sample --method {man['method']} --preset {setup.get('name')} --scale "
-            f"{setup.get('scale')} --modes {man['n_modes']} --samples {man['n_samples']} --seed "
-            f"{man.get('seed')} --out set",
-            f"symlib zoo export set --to {name}",
-            "```",
-        ]
-        tasks = ["image-classification"]
+    cfg = man["config"]
+    arch, dataset = man["arch"], cfg["dataset"]
+    what = (f"{n} independently trained `{arch}` networks on {dataset} (symlib zoo preset "
+            f"`{man['preset']}` at scale `{man['scale']}`, configuration `{man['config_hash']}`)")
+    accs = [float(r["test_acc"]) for r in rows]
+    mean = sum(accs) / n
+    made = [
+        f"Model `i` has seed `{cfg['seed']} + i` (seeds {cfg['seed']}..{cfg['seed'] + n - 1}); from it "
+        "symlib derives the initialisation, the data order and the random crops, so every network is "
+        "reproducible on its own.",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *(f"| {k} | `{json.dumps(v)}` |" for k, v in man["recipe"].items()),
+        f"| training images | {data.get('n_train')} ({data.get('source')}) |",
+        f"| data fingerprint | `{data.get('fingerprint')}` |",
+        "",
+        f"Test accuracy on {data.get('n_test')} test images: mean {mean:.4f}, min "
+        f"{min(accs):.4f}, max {max(accs):.4f} (column `test_acc`).",
+        "",
+        "Reproduce it (bit for bit on the same hardware and software):",
+        "",
+        "```bash",
+        "# in a checkout of symlib (the companion library of the paper's living reproduction)",
+        f"symlib zoo train --preset {man['preset']} --scale {man['scale']}"
+        + (f" --seed {cfg['seed']}" if cfg["seed"] else "") + " --out zoo",
+        f"symlib zoo export zoo --to {name}",
+        "```",
+    ]
+    return _Origin(what, made, arch, dataset)
+
+
+def _import_origin(man: dict[str, Any], n: int, name: str) -> _Origin:
+    """The :class:`_Origin` of ``n`` checkpoints imported with ``symlib import``
+    (:mod:`symlib.ckpt.convert`): the model's record, the first ten source files and the commands that
+    import and export them again; its ``files`` are the source files."""
+    rec, src = man["architecture"], man.get("source") or {}
+    files = src.get("files") or []
+    what = (f"{n} checkpoints of `{rec.get('target')}` ({rec.get('builder')}), imported from "
+            f"{len(files)} checkpoint file(s)")
+    model = f"--model {rec.get('target')}" if rec.get("builder") == "factory" else ""
+    if rec.get("args"):
+        model += f" --model-args '{json.dumps(rec['args'], sort_keys=True)}'"
+    if rec.get("input_shape"):
+        model += f" --input-shape {','.join(str(d) for d in rec['input_shape'])}"
+    made = [
+        "Imported from these files (sha256 of each in the manifest's `source`): "
+        + ", ".join(f"`{Path(f.get('path', '')).name}`" for f in files[:10])
+        + (f" and {len(files) - 10} more" if len(files) > 10 else "") + ".",
+        "",
+        "Rebuild it from the same files:",
+        "",
+        "```bash",
+        f"symlib import 'FILES' --to set {model}".rstrip(),
+        f"symlib zoo export set --to {name}",
+        "```",
+    ]
+    return _Origin(what, made, man.get("arch"), "checkpoints", files)
+
+
+def _posterior_origin(man: dict[str, Any], n: int, name: str) -> _Origin:
+    """The :class:`_Origin` of ``n`` weight samples of a posterior approximation: the method, its
+    hyper-parameters, seeds and base models, and the commands that sample and export them again."""
+    setup = man.get("setup") or {}
+    arch, dataset = man.get("arch"), (setup.get("data") or {}).get("name", setup.get("name"))
+    what = (f"{n} weight samples of the `{man['method']}` posterior approximation of `{arch}` on "
+            f"{setup.get('name')} ({man['n_modes']} modes x {man['n_per_mode']} samples, set "
+            f"`{man['set_hash']}`)")
+    made = [
+        f"Method `{man['method']}`, hyper-parameters `{json.dumps(man.get('hyper'), sort_keys=True)}`, "
+        f"run seed {man.get('seed')}, base models {json.dumps((man.get('base') or {}).get('seeds'))}.",
+        "",
+        "Reproduce it:",
+        "",
+        "```bash",
+        f"symlib posterior sample --method {man['method']} --preset {setup.get('name')} --scale "
+        f"{setup.get('scale')} --modes {man['n_modes']} --samples {man['n_samples']} --seed "
+        f"{man.get('seed')} --out set",
+        f"symlib zoo export set --to {name}",
+        "```",
+    ]
+    return _Origin(what, made, arch, dataset)
+
+
+def _metadata(license: str, name: str, origin: _Origin, n: int) -> str:
+    """The card's YAML front matter for the Hub: license, pretty name, task, tags (symlib's, the
+    architecture's and the dataset's), size category of ``n`` checkpoints, and the manifest table as the
+    dataset viewer's data."""
     tags = ["model-zoo", "weight-space", "bayesian-neural-networks", "symmetries", "safetensors", "symlib",
-            str(arch), str(dataset)]
-    yaml = "\n".join([
+            str(origin.arch), str(origin.dataset)]
+    return "\n".join([
         "---",
         f"license: {license}",
         f"pretty_name: {json.dumps(name)}",
         "task_categories:",
-        _yaml_list(tasks),
+        _yaml_list(["image-classification"]),
         "tags:",
         _yaml_list(tags),
         "size_categories:",
@@ -190,33 +213,31 @@ def card(man: dict[str, Any], rows: list[dict[str, Any]], files: list[str], name
         f"    path: {TABLE}",
         "---",
     ])
-    load = repo or "OWNER/NAME"
-    body = [
-        f"# {name}",
-        "",
-        f"{what}, stored as safetensors by symlib and exported with "
-        f"`symlib zoo export` (symlib {man.get('symlib_version')}, git {man.get('git_commit')}).",
-        "",
-        "These checkpoints reproduce the setting of Laurent, Aldea & Franchi, *A Symmetry-Aware "
-        "Exploration of Bayesian Neural Network Posteriors* (ICLR 2024), whose evidence is many "
-        "independently trained networks of one architecture.",
-        "",
+
+
+def _files_section(n_files: int) -> list[str]:
+    """The card's section "Files": the manifest table, the ``n_files`` chunks, the manifest and the
+    Croissant description."""
+    return [
         "## Files",
         "",
         "| file | what |",
         "|---|---|",
         f"| `{TABLE}` | one row per checkpoint: index, seed, chunk file and row, recipe and configuration "
         "hash, training metrics, test accuracy, the sha256 of its chunk file |",
-        f"| `chunk-*.safetensors` ({len(files)} files) | the weights: the state dicts of consecutive "
+        f"| `chunk-*.safetensors` ({n_files} files) | the weights: the state dicts of consecutive "
         "networks, every tensor stacked along a new first axis (network `i` of the table is row "
         "`chunk_row` of `chunk_file`) |",
         f"| `{MANIFEST}` | symlib's manifest: the full configuration, the data fingerprint, provenance |",
         f"| `{CROISSANT}` | a [Croissant](https://mlcommons.org/croissant/) 1.0 description of the files |",
-        "",
-        "## How it was made",
-        "",
-        *trained,
-        "",
+    ]
+
+
+def _load_section(repo: str) -> list[str]:
+    """The card's section "Load it": with symlib from the Hub repository ``repo`` (``OWNER/NAME`` when
+    ``""``), without it as plain safetensors and CSV, and how to upload the folder."""
+    load = repo or "OWNER/NAME"
+    return [
         "## Load it",
         "",
         "```python",
@@ -237,6 +258,44 @@ def card(man: dict[str, Any], rows: list[dict[str, Any]], files: list[str], name
         "",
         "Upload (not run by symlib): `hf upload OWNER/NAME . . --repo-type dataset` from this folder "
         "(older clients: `huggingface-cli upload OWNER/NAME . . --repo-type dataset`).",
+    ]
+
+
+def card(man: dict[str, Any], rows: list[dict[str, Any]], files: list[str], name: str, license: str,
+         repo: str) -> str:
+    """The dataset card (``README.md``) of an export: YAML metadata for the Hub (license, task, size,
+    tags, the manifest table as the dataset viewer's data), then what the set holds, how it was made and
+    how to reproduce it, the files, how to load it, its license and the citation of the paper.
+
+    Args:
+        man: the set's manifest; rows: the manifest table's rows; files: the chunk files.
+        name: the dataset's name; license: a Hub license identifier (:func:`check_license`);
+        repo: ``"owner/name"`` on the Hub, or ``""``.
+    """
+    n = len(rows)
+    if man.get("kind", "zoo") == "zoo":
+        origin = _zoo_origin(man, rows, name)
+    elif man.get("architecture"):  # checkpoint files imported with `symlib import` (symlib.ckpt.convert)
+        origin = _import_origin(man, n, name)
+    else:
+        origin = _posterior_origin(man, n, name)
+    body = [
+        f"# {name}",
+        "",
+        f"{origin.what}, stored as safetensors by symlib and exported with "
+        f"`symlib zoo export` (symlib {man.get('symlib_version')}, git {man.get('git_commit')}).",
+        "",
+        "These checkpoints reproduce the setting of Laurent, Aldea & Franchi, *A Symmetry-Aware "
+        "Exploration of Bayesian Neural Network Posteriors* (ICLR 2024), whose evidence is many "
+        "independently trained networks of one architecture.",
+        "",
+        *_files_section(len(files if origin.files is None else origin.files)),
+        "",
+        "## How it was made",
+        "",
+        *origin.made,
+        "",
+        *_load_section(repo),
         "",
         "## License",
         "",
@@ -251,4 +310,4 @@ def card(man: dict[str, Any], rows: list[dict[str, Any]], files: list[str], name
         "```",
         "",
     ]
-    return yaml + "\n\n" + "\n".join(body)
+    return _metadata(license, name, origin, n) + "\n\n" + "\n".join(body)
