@@ -48,7 +48,8 @@ def load(
             ``hf://owner/name[@revision]`` (needs ``huggingface_hub``; ``HF_HUB_OFFLINE=1`` reads its
             cache only).
         as_: ``"stacked"``: ``{name: (n, ...)}`` (network ``i`` at index ``i``); ``"models"``: a list of
-            eval-mode ``nn.Module`` (for the architectures of :mod:`symlib.models`).
+            eval-mode ``nn.Module``, built by the recipe the folder's manifest records (a network of the
+            registry, or the factory an imported set was written with).
         device: where to put the tensors.
 
     Raises:
@@ -61,7 +62,7 @@ def load(
     path = _resolve(path)
     if _kind(path) == _posterior_io.KIND:
         params, man = _posterior_io.load_params(path, device)
-        return (params, man) if as_ == "stacked" else (_posterior_io.models(params, man), man)
+        return (params, man) if as_ == "stacked" else (_posterior_io.models(params, man, path), man)
     return zoo.load(path, as_=as_, device=device)
 
 

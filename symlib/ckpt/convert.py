@@ -147,7 +147,7 @@ def write(
     params = {k: v.detach().cpu().contiguous() for k, v in params.items()}
     per_net = sum(v[0].numel() * v.dtype.itemsize for v in params.values()) or 1
     chunk = chunk or max(1, min(n, CHUNK_BYTES // per_net))
-    ident = {"method": method, "tensors": store.tensor_digest(params), "architecture": recipe.record()}
+    ident = {"method": method, "tensors": store.tensor_digest(params), "architecture": recipe.record(out)}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     tmp = out.parent / f".{out.name}.{method}-{os.getpid()}.tmp"
     if tmp.exists():
@@ -158,7 +158,7 @@ def write(
         arch, model = _model_record(recipe, {k: tuple(v.shape[1:]) for k, v in params.items()})
         for ch in man["chunks"]:
             ch["sha256"] = store.file_sha256(tmp / ch["file"])
-        man.update({"arch": arch, "model": model, "architecture": recipe.record(),
+        man.update({"arch": arch, "model": model, "architecture": recipe.record(out),
                     "source": store.jsonable(source or {})})
         store.write_manifest(tmp, man)
         if out.exists():

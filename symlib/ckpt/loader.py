@@ -215,7 +215,7 @@ def _from_set(path: str, model: Any, model_args, input_shape, device) -> Loaded:
     from symlib import checkpoints
 
     params, man = checkpoints.load(path, device=device)
-    recipe = store.architecture(man, path)
+    recipe = store.architecture(man, path) if model is None else None  # a given model overrides the record
     if model is not None:
         given, ref = _reference(model, model_args, input_shape)
         have = {k: tuple(v.shape[1:]) for k, v in params.items()}

@@ -92,6 +92,10 @@ def load_factory(target: str) -> Callable[..., Any]:
         obj = module
         for part in attr.split("."):
             obj = getattr(obj, part)
+    except SystemExit as e:  # the user's module ended the process while being imported
+        raise CheckpointError(f"--model {target!r}: importing it called sys.exit({e.code!r}); a model module "
+                              f"must not exit when imported (guard its script part with "
+                              f"`if __name__ == '__main__':`)") from None
     except Exception as e:  # ImportError, AttributeError, errors of the user's module
         raise CheckpointError(
             f"--model {target!r}: cannot import it ({type(e).__name__}: {e}); the module must be importable "
@@ -142,19 +146,59 @@ class Recipe:
             return f"transformers {self.target or 'AutoModel'} ({self.args.get('model_type')})"
         return f"timm {self.target}"
 
-    def record(self) -> dict[str, Any]:
-        """The recipe as JSON-able data (what a manifest records as ``"architecture"``)."""
-        return {"builder": self.builder, "target": self.target, "args": self.args,
-                "input_shape": list(self.input_shape) if self.input_shape else None}
+    @property
+    def file(self) -> Path | None:
+        """The ``.py`` file of a factory named by its path (``path/to/nets.py:MyNet``); ``None`` otherwise."""
+        where = self.target.rpartition(":")[0]
+        if self.builder != "factory" or not (where.endswith(".py") or "/" in where or os.sep in where):
+            return None
+        return Path(where)
+
+    def record(self, folder: str | os.PathLike | None = None) -> dict[str, Any]:
+        """The recipe as JSON-able data (what a manifest records as ``"architecture"``).
+
+        A factory named by its file also records ``"file"``: the file's path relative to ``folder`` (the
+        set that records it, so a set moved with its model file still finds it) and its sha256 (so a
+        changed file is named).
+        """
+        rec: dict[str, Any] = {"builder": self.builder, "target": self.target, "args": self.args,
+                               "input_shape": list(self.input_shape) if self.input_shape else None}
+        file = self.file
+        if file is not None and file.is_file():
+            rel = os.path.relpath(file.resolve(), Path(folder).resolve()) if folder is not None else None
+            rec["file"] = {"relative": rel, "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
+        return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any], where: str = "") -> Recipe:
-        """The inverse of :meth:`record` (a clear error for a damaged record)."""
+        """The inverse of :meth:`record` (a clear error for a damaged record). A factory file that is not
+        where the record says is looked for at its path relative to the folder ``where``; when it is in
+        neither place, or its content changed, the error names the file and ``--model`` as the override.
+        """
         try:
-            return cls(str(rec["builder"]), str(rec["target"]), dict(rec.get("args") or {}),
-                       parse_shape(rec.get("input_shape")))
+            recipe = cls(str(rec["builder"]), str(rec["target"]), dict(rec.get("args") or {}),
+                         parse_shape(rec.get("input_shape")))
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: bad architecture record {dict(rec)!r} ({e})") from None
+        file, meta = recipe.file, rec.get("file")
+        if file is None or not isinstance(meta, Mapping):
+            return recipe
+        attr = recipe.target.rpartition(":")[2]
+        if not file.is_file() and meta.get("relative") and where and Path(where).is_dir():
+            moved = (Path(where) / str(meta["relative"])).resolve()
+            if moved.is_file():
+                file, recipe = moved, dataclasses.replace(recipe, target=f"{moved}:{attr}")
+        if not file.is_file():
+            raise CheckpointError(
+                f"{where}: the network's factory file {file} (recorded with the set) is not found, nor at "
+                f"{meta.get('relative')!r} beside the set; pass the model (--model path/to/file.py:{attr}, "
+                f"model= in Python) to say where it is now")
+        if meta.get("sha256") and hashlib.sha256(file.read_bytes()).hexdigest() != meta["sha256"]:
+            raise CheckpointError(
+                f"{where}: the network's factory file {file} changed since the set was written (its sha256 "
+                f"differs from the one recorded); if it still builds the same network, pass it as the model "
+                f"(--model {file}:{attr}) to use it")
+        return recipe
 
     def with_shape(self, input_shape: Sequence[int] | str | None) -> Recipe:
         """The same recipe with ``input_shape`` (kept when ``None``)."""
@@ -182,6 +226,9 @@ class Recipe:
                 model = make()
         except CheckpointError:
             raise
+        except SystemExit as e:  # the user's factory ended the process
+            raise CheckpointError(f"building {self.describe()} called sys.exit({e.code!r}); a factory must "
+                                  f"return an nn.Module") from None
         except Exception as e:  # the user's code
             if meta:  # some constructors need real tensors: build for real
                 return self.build(meta=False)

@@ -392,15 +392,15 @@ def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
         )
 
 
-def models(params: Params, manifest: dict[str, Any]) -> list[torch.nn.Module]:
+def models(params: Params, manifest: dict[str, Any], where: str | os.PathLike = "") -> list[torch.nn.Module]:
     """One eval-mode ``nn.Module`` per sample (for ``symlib.load(path, as_="models")``), built by the
-    recipe the manifest records (:func:`symlib.store.architecture`)."""
-    recipe = store.architecture(manifest)
+    recipe the manifest of the folder ``where`` records (:func:`symlib.store.architecture`)."""
+    recipe = store.architecture(manifest, str(where))
     if recipe is None:
         raise StoreError(
             f"sample set of architecture {manifest.get('arch')!r}: its manifest records no network to rebuild"
         )
-    return networks(params, recipe)
+    return networks(params, recipe, str(where))
 
 
 def networks(params: Params, recipe: _models.Recipe, where: str = "") -> list[torch.nn.Module]:

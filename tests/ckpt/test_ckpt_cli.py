@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -62,7 +63,9 @@ def test_import_then_every_tool(runs, tmp_path, capsys):
     assert [f["sha256"] for f in src["files"]] == [hashlib.sha256(Path(f["path"]).read_bytes()).hexdigest()
                                                   for f in src["files"]]
     assert man["architecture"] == {"builder": "factory", "target": f"{NETS}:SmallNet", "args": {},
-                                   "input_shape": [1, 8, 8]}
+                                   "input_shape": [1, 8, 8],
+                                   "file": {"relative": os.path.relpath(NETS, tmp_path / "a"),
+                                            "sha256": hashlib.sha256(Path(NETS).read_bytes()).hexdigest()}}
     assert all(ch["sha256"] == hashlib.sha256((tmp_path / "a" / ch["file"]).read_bytes()).hexdigest()
                for ch in man["chunks"])
     rc, out, err = _run(["zoo", "info", "--check", tmp_path / "a"], capsys)
