@@ -12,6 +12,11 @@ per layer (median over the 20 MMDAgg kernels) and their mean weighted by the lay
 with percentile bootstrap intervals and the permutation p-value of "both sets come from one
 distribution" (:mod:`symlib.stats.mmd`). ``A`` plays the paper's target (its distances set the
 bandwidths). Reported numbers are ``100 x`` the estimate, as in Table 1.
+
+The two-sample test assumes two independent sets: sets that share a network (the same file or folder,
+or the same weights, :func:`symlib.ckpt.loader.shared`) are refused unless ``allow_duplicates=True``
+(``--allow-duplicates``), and the result then says that they overlap (:attr:`Comparison.warning`). Within
+a set of checkpoint files, repeated networks are refused as :func:`symlib.load_checkpoints` refuses them.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class Comparison:
             architecture.
         results: ``{symmetries: symlib.stats.mmd.Result}``.
         n_permutations, n_bootstrap, seed, level: the test's settings.
+        shared: distinct networks in both sets (compared with ``allow_duplicates=True``; 0 otherwise).
     """
 
     a: str
@@ -96,6 +102,16 @@ class Comparison:
     seed: int
     level: float = 0.95
     described: tuple[str, str] = ("", "")
+    shared: int = 0
+
+    @property
+    def warning(self) -> str | None:
+        """The line that says the sets overlap (``None`` when they share no network)."""
+        if not self.shared:
+            return None
+        return (f"warning: the sets overlap ({self.shared} shared network{'s' if self.shared > 1 else ''}): "
+                f"the two-sample test assumes independent sets, so the MMD, its intervals and p-values are "
+                f"biased")
 
     def rows(self, scale: float = 100.0) -> list[dict[str, Any]]:
         """One dict per symmetry removal and layer, then ``layer="all"`` (the weighted mean over layers):
@@ -122,9 +138,11 @@ class Comparison:
                 "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "p": p}
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything :meth:`rows` holds, with the settings (what ``symlib compare --json`` writes)."""
+        """Everything :meth:`rows` holds, with the settings (what ``symlib compare --json`` writes), the
+        networks the sets share and the :attr:`warning` (``None`` when they share none)."""
         return {
             "a": self.a, "b": self.b, "n_a": self.n_a, "n_b": self.n_b, "arch": self.arch,
+            "shared": self.shared, "warning": self.warning,
             "statistic": "100 x MMD^2_u, median over the 20 MMDAgg kernels per layer; layer 'all': mean over "
                          "layers weighted by their parameter counts",
             "n_permutations": self.n_permutations, "n_bootstrap": self.n_bootstrap, "seed": self.seed,
@@ -142,6 +160,7 @@ class Comparison:
         lines = [
             f"A: {self.described[0] or self.a}",
             f"B: {self.described[1] or self.b}",
+            *([self.warning] if self.warning else []),
             "100 x MMD^2 (median over 20 kernels; 'all': weighted mean over layers)"
             + boot
             + (f", permutation p-value ({self.n_permutations} re-splits)" if self.n_permutations else ""),
@@ -170,6 +189,7 @@ def compare(
     prefix: str | None = None,
     key: str | None = None,
     trust_pickle: bool = False,
+    allow_duplicates: bool = False,
 ) -> Comparison:
     r"""The paper's MMD between two checkpoint folders, per layer and aggregated, with intervals and
     p-values (``symlib.compare``; module docstring).
@@ -189,6 +209,9 @@ def compare(
         model, model_args, input_shape: the architecture, where a folder does not record it (arguments of
             :func:`symlib.load_checkpoints`; a ``"module:callable"`` string on the command line).
         prefix, key, trust_pickle: how to read checkpoint files (as :func:`symlib.load_checkpoints`).
+        allow_duplicates: compare sets that share networks (refused by default: the test assumes
+            independent sets), the result then carrying a :attr:`~Comparison.warning`; and keep repeated
+            networks within a set of checkpoint files (as :func:`symlib.load_checkpoints`).
 
     Returns:
         A :class:`Comparison` (``.format()``, ``.rows()``, ``.to_dict()``).
@@ -196,6 +219,8 @@ def compare(
     Raises:
         ValueError: the sets hold different architectures or layer shapes, or an unknown removal.
         symlib.store.StoreError: a folder is missing, incomplete or damaged.
+        symlib.ckpt.CheckpointError: the sets share networks, or a set of files repeats one (without
+            ``allow_duplicates``).
     """
     from symlib.stats import mmd
     from symlib.symmetry import trace
@@ -212,7 +237,7 @@ def compare(
     from symlib.ckpt import loader
 
     opts = {"model_args": model_args, "input_shape": input_shape, "key": key, "trust_pickle": trust_pickle,
-            "device": device}
+            "device": device, "allow_duplicates": allow_duplicates}
     got_a, got_b = loader.read(a, model, prefix, **opts), loader.read(b, model, prefix, **opts)
     (pa, ma), (pb, mb) = (got_a.params, got_a.record()), (got_b.params, got_b.record())
     arch_a, arch_b = str(ma.get("arch")), str(mb.get("arch"))
@@ -225,6 +250,7 @@ def compare(
             )
     wa, wb = _describe(str(a), ma, na), _describe(str(b), mb, nb)
     _check_same(pa, pb, arch_a, arch_b, wa, wb)
+    n_shared = _check_overlap(got_a, got_b, wa, wb, allow_duplicates)
     spec = None
     if any(s != "raw" for s in syms):  # the symmetries of A's architecture (B's has the same tensors)
         _, model, shape = _built(got_a.recipe, ma, str(a))
@@ -232,7 +258,24 @@ def compare(
     res = mmd.table(pa, {"b": pb}, spec, syms, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
                     seed=seed, progress=progress)
     return Comparison(str(a), str(b), na, nb, arch_a, {s: res[("b", s)] for s in syms}, n_permutations,
-                      n_bootstrap, seed, level, (wa, wb))
+                      n_bootstrap, seed, level, (wa, wb), n_shared)
+
+
+def _check_overlap(got_a: Any, got_b: Any, wa: str, wb: str, allow: bool) -> int:
+    """The networks two read sets share (:func:`symlib.ckpt.loader.shared`); refused unless ``allow``."""
+    from symlib.ckpt import CheckpointError, loader
+
+    n, paths = loader.shared(got_a, got_b)
+    if n and not allow:
+        why = (f"both read {paths[0]}" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "") if paths
+               else "the same weights are in both")
+        raise CheckpointError(
+            f"cannot compare {wa} with {wb}: the sets share {n} network{'s' if n > 1 else ''} ({why}); the "
+            f"MMD's two-sample test assumes two independent sets, and shared networks bias the estimate, "
+            f"its intervals and p-values: compare sets without common networks, or pass "
+            f"allow_duplicates=True (--allow-duplicates) to compare them anyway, with a warning"
+        )
+    return n
 
 
 def check_json(path: str | os.PathLike) -> None:

@@ -19,12 +19,23 @@ copied straight into its row (large files are memory-mapped: only the wanted ten
 by several threads when the set is large and the machine has the cores (:data:`MAX_WORKERS`). Errors name
 the file and the first tensor that differs; non-finite weights name the file; nothing is returned
 half-done.
+
+No network is stacked twice without being asked: a file named twice (symbolic links resolved, so a glob
+through a link to its own folder counts once) and two files that hold the same network (the same content
+hash, :func:`digests`: a Lightning ``last.ckpt`` beside the ``epoch=...ckpt`` it repeats, a
+``.safetensors`` copy of a ``.pt``) are refused with the list of repeats, unless ``allow_duplicates=True``
+(``--allow-duplicates``). The rows of a symlib folder are not checked: a posterior sample set may hold a
+state twice by right (an MCMC chain that rejected a move repeats its state); :func:`symlib.compare`
+checks that its two sets share no network (:func:`shared`). Symbolic-link loops and unreadable files or
+folders are errors naming the path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import glob
+import hashlib
 import json
 import os
 import re
@@ -44,7 +55,8 @@ from symlib.ckpt.recipe import Recipe, from_config
 from symlib.ckpt.state import Reference, Selection, candidates, select, shape_of
 from symlib.params import Params
 
-__all__ = ["EXTENSIONS", "MAX_WORKERS", "PARALLEL_ABOVE", "Loaded", "expand", "load_checkpoints", "read"]
+__all__ = ["EXTENSIONS", "MAX_WORKERS", "PARALLEL_ABOVE", "Loaded", "digests", "expand", "load_checkpoints",
+           "read", "shared"]
 
 #: File names read as checkpoints in a folder.
 EXTENSIONS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
@@ -53,6 +65,7 @@ PARALLEL_ABOVE = 64 << 20
 #: Threads that copy large sets: half the cores, at most 4 (why: docs/performance.md, "Benchmarks").
 MAX_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 2))
 _GLOB = re.compile(r"[*?\[]")
+_KEEP = "allow_duplicates=True (--allow-duplicates on the command line)"
 
 
 @dataclasses.dataclass
@@ -68,6 +81,7 @@ class Loaded:
         key, prefix: where the state dict was in the (first) file and the prefix removed.
         manifest: the manifest when the source was a symlib folder.
         given: whether the architecture was given (``model=``) rather than found.
+        row_digests: the content hash of every network once computed (:meth:`digests`), else ``None``.
     """
 
     params: Params
@@ -79,11 +93,18 @@ class Loaded:
     prefix: str = ""
     manifest: dict[str, Any] | None = None
     given: bool = False
+    row_digests: list[bytes] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def n(self) -> int:
         """Networks in all."""
         return sum(self.counts)
+
+    def digests(self) -> list[bytes]:
+        """The content hash of every network (:func:`digests`), computed once."""
+        if self.row_digests is None:
+            self.row_digests = digests(self.params)
+        return self.row_digests
 
     def record(self) -> dict[str, Any]:
         """What a manifest says of this set: a symlib folder's manifest (with ``"architecture"`` when one
@@ -111,6 +132,8 @@ def _is_set(path: Path) -> bool:
 
 
 def _folder(path: Path) -> list[tuple[str, str]]:
+    if not os.access(path, os.R_OK | os.X_OK):  # before looking inside: name the folder, not a file in it
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
     if _is_set(path):
         return [("set", str(path))]
     if hf.is_folder(path):
@@ -128,6 +151,49 @@ def _folder(path: Path) -> list[tuple[str, str]]:
     return sorted(found, key=lambda it: _natural(it[1]))
 
 
+def _path_error(e: OSError, given: str) -> CheckpointError:
+    """A symlink loop, an unreadable file or folder (or any other failure to look at a path) as a
+    :class:`CheckpointError` naming the path and the fix."""
+    where = str(e.filename or given)
+    seen = f", met through {given}" if where != given else ""
+    if e.errno == errno.ELOOP:
+        return CheckpointError(f"{where}: a symbolic link that leads back to itself{seen} (a symlink loop); "
+                               f"fix or remove the link, or name the checkpoint files themselves")
+    if isinstance(e, PermissionError):
+        return CheckpointError(f"{where}: permission denied, symlib cannot read it{seen}; make it readable "
+                               f"(chmod u+r for a file, u+rx for a folder) or leave it out")
+    return CheckpointError(f"{where}: cannot be read{seen} ({e.strerror or e}); check the path")
+
+
+def _one(text: str) -> list[tuple[str, str]]:
+    """What one source names (:func:`expand`); a file or folder that cannot be looked at raises its
+    ``OSError``."""
+    path = Path(text).expanduser()
+    out: list[tuple[str, str]] = []
+    if not path.exists() and _GLOB.search(text):
+        hits = sorted(glob.glob(str(path), recursive=True), key=_natural)
+        if not hits:
+            raise CheckpointError(f"{text}: the pattern matches no file (relative to {Path.cwd()})")
+        for hit in hits:
+            is_file = hit.endswith(EXTENSIONS) or not os.path.isdir(hit)
+            out += [("file", hit)] if is_file else _folder(Path(hit))
+    elif path.is_dir():
+        out += _folder(path)
+    elif path.is_file():
+        out.append(("file", str(path)))
+    else:
+        try:
+            os.stat(path)  # a symlink loop raises ELOOP here (Path.exists hides it)
+        except FileNotFoundError:
+            pass
+        raise CheckpointError(f"{text}: no such file or folder")
+    for kind, found in out:  # loops and unreadable entries, before any file is parsed
+        os.stat(found)
+        if not os.access(found, os.R_OK | (os.X_OK if kind != "file" else 0)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), found)
+    return out
+
+
 def expand(sources: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[str, str]]:
     """The checkpoints named by ``sources``: ``[(kind, path)]`` with ``kind`` ``"file"``, ``"hf"`` (a
     Hugging Face folder or ``hf://`` address) or ``"set"`` (a symlib folder), in order (globs and
@@ -135,7 +201,8 @@ def expand(sources: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tup
 
     Raises:
         CheckpointError: a path that does not exist, a glob that matches nothing, a folder without
-            checkpoints, or a symlib folder given with other sources.
+            checkpoints, a symlib folder given with other sources, a symlink loop, or a file or folder
+            that cannot be read (permission denied).
     """
     if isinstance(sources, str | os.PathLike):
         sources = [sources]
@@ -147,24 +214,96 @@ def expand(sources: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tup
         if text.startswith(hf.HF_PREFIX):
             out.append(("hf", text))
             continue
-        path = Path(text).expanduser()
-        if not path.exists() and _GLOB.search(text):
-            hits = sorted(glob.glob(str(path), recursive=True), key=_natural)
-            if not hits:
-                raise CheckpointError(f"{text}: the pattern matches no file (relative to {Path.cwd()})")
-            for hit in hits:
-                is_file = hit.endswith(EXTENSIONS) or not os.path.isdir(hit)
-                out += [("file", hit)] if is_file else _folder(Path(hit))
-        elif path.is_dir():
-            out += _folder(path)
-        elif path.is_file():
-            out.append(("file", str(path)))
-        else:
-            raise CheckpointError(f"{text}: no such file or folder")
+        try:
+            out += _one(text)
+        except OSError as e:
+            raise _path_error(e, text) from None
     if any(k == "set" for k, _ in out) and len(out) > 1:
         sets = [p for k, p in out if k == "set"]
         raise CheckpointError(f"{sets[0]}: a symlib folder is a whole set of checkpoints: pass it alone")
     return out
+
+
+def _identity(path: str) -> str:
+    """What makes two sources the same: the path with every symbolic link resolved (an ``hf://`` address
+    as it is)."""
+    return path if path.startswith(hf.HF_PREFIX) else os.path.realpath(path)
+
+
+def _repeats(keys: Sequence, labels: Sequence[str]) -> list[list[str]]:
+    """The labels grouped by equal keys, for the keys that occur more than once (in order)."""
+    groups: dict[Any, list[str]] = {}
+    for k, label in zip(keys, labels, strict=True):
+        groups.setdefault(k, []).append(label)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _few(items: Sequence[str], k: int = 3, sep: str = ", ") -> str:
+    return sep.join(items[:k]) + (f"{sep}and {len(items) - k} more" if len(items) > k else "")
+
+
+def _check_paths(items: list[tuple[str, str]]) -> None:
+    """Refuse a checkpoint named twice (:func:`read`)."""
+    groups = _repeats([_identity(p) for _, p in items], [p for _, p in items])
+    if groups:
+        said = [f"{_identity(g[0])} {len(g)} times (as {_few(sorted(g, key=len))})" for g in groups]
+        raise CheckpointError(
+            f"the same checkpoint is named more than once: {_few(said, sep='; ')}; its network would be "
+            f"stacked once per name (a glob through a symbolic link to its own folder repeats files): name "
+            f"each checkpoint once, or pass {_KEEP} to keep the repeats")
+
+
+def _check_rows(hashes: list[bytes], labels: list[str]) -> None:
+    """Refuse networks that repeat another of the set (:func:`read`)."""
+    groups = _repeats(hashes, labels)
+    if groups:
+        said = [f"{_few(g[1:])} {'repeats' if len(g) == 2 else 'repeat'} {g[0]}" for g in groups]
+        copies = sum(len(g) - 1 for g in groups)
+        are = "is a copy" if copies == 1 else "are copies"
+        raise CheckpointError(
+            f"identical networks in the set: {_few(said, sep='; ')} ({copies} of {len(labels)} networks "
+            f"{are} of another); a copy counts twice in every statistic of the set: leave the copies out (a "
+            f"Lightning last.ckpt beside the epoch=...ckpt it repeats, a .safetensors copy of a .pt), or "
+            f"pass {_KEEP} to keep them")
+
+
+def digests(params: Params) -> list[bytes]:
+    """The content hash of every network of a stack ``{name: (n, ...)}``: a 16-byte BLAKE2b digest of
+    its tensors' names, dtypes, shapes and bytes, equal for two rows exactly when they hold the same
+    network, bit for bit in the same dtypes. Each row's bytes are read once (by :data:`MAX_WORKERS`
+    threads when the set is above :data:`PARALLEL_ABOVE` bytes); a thousand small networks take a few
+    milliseconds."""
+    if not params:
+        return []
+    n = int(next(iter(params.values())).shape[0])
+    head = hashlib.blake2b(digest_size=16)
+    rows = []
+    for k in sorted(params):
+        v = params[k].detach()
+        head.update(f"{k}\0{v.dtype}\0{tuple(v.shape[1:])}\n".encode())
+        if v.numel():
+            v = torch.view_as_real(v.resolve_conj()) if v.is_complex() else v
+            rows.append(v.cpu().contiguous().reshape(n, -1).view(torch.uint8).numpy())
+
+    def one(i: int) -> bytes:
+        h = head.copy()
+        for r in rows:
+            h.update(r[i])
+        return h.digest()
+
+    if sum(r.nbytes for r in rows) > PARALLEL_ABOVE and n > 1 and MAX_WORKERS > 1:
+        with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, n)) as ex:  # hashlib releases the GIL
+            return list(ex.map(one, range(n)))
+    return [one(i) for i in range(n)]
+
+
+def shared(a: Loaded, b: Loaded) -> tuple[int, list[str]]:
+    """What two sets have in common (:func:`symlib.compare` refuses sets that overlap: its two-sample
+    test assumes independent sets): ``(n, paths)``, the number of distinct networks in both (the same
+    content hash, :func:`digests`; each set's rows are hashed once) and the files or folders both read
+    (symbolic links resolved)."""
+    paths = sorted({_identity(s) for s in a.sources} & {_identity(s) for s in b.sources})
+    return len(set(a.digests()) & set(b.digests())), paths
 
 
 def _parse(kind: str, path: str, trust_pickle: bool) -> Parsed:
@@ -249,6 +388,7 @@ def read(
     trust_pickle: bool = False,
     device: str | torch.device = "cpu",
     hashes: bool = False,
+    allow_duplicates: bool = False,
 ) -> Loaded:
     """Read checkpoints with everything known about them (:func:`load_checkpoints` returns the tensors).
 
@@ -258,6 +398,8 @@ def read(
         A :class:`Loaded`.
     """
     items = expand(sources)
+    if not allow_duplicates:
+        _check_paths(items)
     dev = _scales.check_device(device)
     if items[0][0] == "set":
         return _from_set(items[0][1], model, model_args, input_shape, dev)
@@ -271,7 +413,14 @@ def read(
                 raise CheckpointError(f"{items[0][1]}: neither a symlib dataset ({e}) nor a model repository "
                                       f"({e2})") from None
     recipe, ref = _reference(model, model_args, input_shape)
-    parsed = [_parse(kind, path, trust_pickle) for kind, path in items]
+    parsed = []
+    for kind, path in items:
+        try:
+            parsed.append(_parse(kind, path, trust_pickle))
+        except OSError as e:
+            if not (isinstance(e, PermissionError) or e.errno == errno.ELOOP):
+                raise
+            raise _path_error(e, path) from None
     if recipe is None:
         recipe = _found_recipe(parsed)
         if recipe is not None:
@@ -325,6 +474,12 @@ def read(
         for p, sel, sd, row in jobs:
             _copy(p, sel, sd, out, views, row)
     _check_finite(out, parsed, rows, counts)
+    row_digests = None
+    if not allow_duplicates and total > 1:
+        row_digests = digests(out)
+        labels = [p if c == 1 else f"{p}[{j}]" for (_, p), c in zip(items, counts, strict=True)
+                  for j in range(c)]
+        _check_rows(row_digests, labels)
     files = []
     for p in parsed:
         for f, s in zip(p.files, p.sizes, strict=True):
@@ -334,7 +489,7 @@ def read(
             files.append(rec)
     params = {k: v.to(dev) for k, v in out.items()}
     return Loaded(params, [path for _, path in items], counts, files, recipe, sels[0].key, sels[0].prefix,
-                  given=model is not None)
+                  given=model is not None, row_digests=row_digests)
 
 
 def _state(p: Parsed, sel: Selection):
@@ -372,6 +527,7 @@ def load_checkpoints(
     input_shape: Sequence[int] | str | None = None,
     trust_pickle: bool = False,
     device: str | torch.device = "cpu",
+    allow_duplicates: bool = False,
 ) -> Params:
     r"""Read checkpoint files of one architecture as a stack ``{name: (n, ...)}``
     (``symlib.load_checkpoints``; module docstring).
@@ -391,6 +547,13 @@ def load_checkpoints(
         trust_pickle: read files that need code to be unpickled with ``torch.load(weights_only=False)``
             (it runs the code the file names: only for files you trust).
         device: where to put the tensors.
+        allow_duplicates: keep networks that repeat (refused by default: no network is stacked twice
+            silently): a file named twice (symbolic links resolved) and files holding the same network
+            (the same names, dtypes, shapes and bytes: a Lightning ``last.ckpt`` saved by
+            ``ModelCheckpoint(save_last=True)`` beside the ``epoch=...ckpt`` it repeats, a ``.pt`` and its
+            ``.safetensors`` copy). The rows of a symlib folder are never checked: a posterior sample set
+            may repeat a state by right (an MCMC chain that rejected a move); :func:`symlib.compare`
+            checks that its two sets share no network.
 
     Returns:
         The stacked state dicts, network ``i`` (in the order given; globs and folders in natural order)
@@ -399,7 +562,8 @@ def load_checkpoints(
     Raises:
         CheckpointError: naming the file: an empty glob, files of different architectures or shapes (the
             first tensor that differs), a missing or ambiguous prefix or state dict (the candidates),
-            non-finite weights, a pickle that needs code.
+            non-finite weights, a pickle that needs code, repeated checkpoints or networks (which repeat
+            which, and ``allow_duplicates``), a symlink loop or an unreadable file or folder.
     """
     return read(paths_or_glob, model, prefix, key=key, model_args=model_args, input_shape=input_shape,
-                trust_pickle=trust_pickle, device=device).params
+                trust_pickle=trust_pickle, device=device, allow_duplicates=allow_duplicates).params

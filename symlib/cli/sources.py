@@ -22,8 +22,8 @@ def json_object(text: str) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
-    """Add ``--model``, ``--model-args``, ``--input-shape`` and, with ``files``, ``--prefix``, ``--key`` and
-    ``--trust-pickle`` to ``p``."""
+    """Add ``--model``, ``--model-args``, ``--input-shape`` and, with ``files``, ``--prefix``, ``--key``,
+    ``--trust-pickle`` and ``--allow-duplicates`` to ``p``."""
     g = p.add_argument_group(
         "architecture",
         "The network the checkpoints belong to, when the folders do not say (a symlib folder records it; a "
@@ -50,11 +50,17 @@ def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
     f.add_argument("--trust-pickle", action="store_true",
                    help="read files that need code to be unpickled with torch.load(weights_only=False): it "
                         "runs the code the file names, so only for files you trust")
+    f.add_argument("--allow-duplicates", action="store_true",
+                   help="keep networks that repeat, refused by default: a file named twice (links resolved), "
+                        "files holding the same weights (a Lightning last.ckpt, a .safetensors copy of a "
+                        ".pt) and, for compare, networks in both sets (the result then warns that the sets "
+                        "overlap)")
 
 
 def options(args) -> dict:
     """The keyword arguments of :func:`symlib.ckpt.loader.read` that the options ask for."""
     out = {"model": args.model, "model_args": args.model_args, "input_shape": args.input_shape}
     if hasattr(args, "prefix"):
-        out.update(prefix=args.prefix, key=args.key, trust_pickle=args.trust_pickle)
+        out.update(prefix=args.prefix, key=args.key, trust_pickle=args.trust_pickle,
+                   allow_duplicates=args.allow_duplicates)
     return out
