@@ -155,6 +155,56 @@ def _moves(orbit_moves, gauge):
     return moves
 
 
+def _potential(setup: Setup, base: Params, lam: float, cfg: Config) -> tuple[Potential, dict[str, tuple]]:
+    """The potential of the setup's whole training set with the prior ``lam`` and the shapes of the
+    sampled tensors: OptuNet's stacked fast path, other architectures through ``torch.func`` (with a
+    warning: slower).
+
+    Raises:
+        ValueError: OptuNet base models that lack some of its weights.
+    """
+    if setup.arch == "optunet":  # the stacked fast paths; others go through torch.func
+        names = list(_train.OPTUNET_SHAPES)
+        missing = set(names) - set(base)
+        if missing:
+            raise ValueError(f"base models lack {sorted(missing)}: they are not {setup.arch} weights")
+        potential = stacked_potential(setup.x, setup.y, lam, setup.arch, cfg.grad_chunk)
+        return potential, dict(_train.OPTUNET_SHAPES)
+    warnings.warn(
+        f"HMC has a stacked path for OptuNet only: {setup.arch!r} falls back to torch.func (slower)",
+        stacklevel=3  # the caller of _draw, as before
+    )
+    return module_potential(setup.make_model, setup.x, setup.y, lam, cfg.grad_chunk)
+
+
+def _geometry(setup: Setup, cfg: Config, start: Params, theta0: torch.Tensor, shapes: dict[str, tuple],
+              lam: float):
+    """The sampler's geometry at the polished starts ``start`` (flat: ``theta0``): ``(metric, seconds,
+    orbit_moves, gauge)``, the mass matrix (the gauge's with ``cfg.gauge_sigma``, else the GGN's with
+    ``cfg.metric == "ggn"``, else the identity) and the seconds it took, the scaling-orbit moves (with
+    ``cfg.orbit_moves`` or a gauge, else ``None``) and the gauge
+    (:class:`symlib.posteriors.hmc.gauge.OrbitGauge`, or ``None``)."""
+    import time
+
+    from symlib.posteriors.hmc import local
+
+    orbit_moves = gauge = None
+    if cfg.orbit_moves or cfg.gauge_sigma:
+        from symlib.symmetry import trace
+
+        spec = trace.spec_of(setup.make_model().to(torch.float64), tuple(setup.x.shape[1:]))
+        orbit_moves = orbits.ScalingMoves(spec, shapes, lam)
+    met, metric_seconds = metric.Identity(), 0.0
+    if cfg.gauge_sigma:
+        t0 = time.perf_counter()
+        g, _ = local.ggn(setup, start, cfg.metric_images)
+        gauge = _gauge.OrbitGauge(orbit_moves.powers, theta0, g, lam, cfg.gauge_sigma)
+        met, metric_seconds = gauge.metric(), time.perf_counter() - t0
+    elif cfg.metric == "ggn":
+        met, metric_seconds = local.ggn_metric(setup, start, cfg.metric_damping or lam, cfg.metric_images)
+    return met, metric_seconds, orbit_moves, gauge
+
+
 def _draw(req: Request, **hyper) -> SampleSet:
     """HMC samples: ``n_modes`` chains, ``n_per_mode`` stored states each (chain-major).
 
@@ -188,37 +238,12 @@ def _draw(req: Request, **hyper) -> SampleSet:
         started = "trained here (setup.recipe, train_stacked)"
     else:
         started = "given"
-    if setup.arch == "optunet":  # the stacked fast paths; others go through torch.func
-        names = list(_train.OPTUNET_SHAPES)
-        missing = set(names) - set(base)
-        if missing:
-            raise ValueError(f"base models lack {sorted(missing)}: they are not {setup.arch} weights")
-        potential = stacked_potential(setup.x, setup.y, lam, setup.arch, cfg.grad_chunk)
-        shapes = dict(_train.OPTUNET_SHAPES)
-    else:
-        warnings.warn(
-            f"HMC has a stacked path for OptuNet only: {setup.arch!r} falls back to torch.func (slower)",
-            stacklevel=2
-        )
-        potential, shapes = module_potential(setup.make_model, setup.x, setup.y, lam, cfg.grad_chunk)
+    potential, shapes = _potential(setup, base, lam, cfg)
     start = {k: base[k].to(setup.device, setup.x.dtype) for k in shapes}
     start, polished = local.polish(setup, start, seeds, potential, cfg.polish_epochs, progress=progress)
     theta0 = flatten(start)
     n_keep = n_per_mode * cfg.keep_every
-    orbit_moves = gauge = None
-    if cfg.orbit_moves or cfg.gauge_sigma:
-        from symlib.symmetry import trace
-
-        spec = trace.spec_of(setup.make_model().to(torch.float64), tuple(setup.x.shape[1:]))
-        orbit_moves = orbits.ScalingMoves(spec, shapes, lam)
-    met, metric_seconds = metric.Identity(), 0.0
-    if cfg.gauge_sigma:
-        t0 = time.perf_counter()
-        g, _ = local.ggn(setup, start, cfg.metric_images)
-        gauge = _gauge.OrbitGauge(orbit_moves.powers, theta0, g, lam, cfg.gauge_sigma)
-        met, metric_seconds = gauge.metric(), time.perf_counter() - t0
-    elif cfg.metric == "ggn":
-        met, metric_seconds = local.ggn_metric(setup, start, cfg.metric_damping or lam, cfg.metric_images)
+    met, metric_seconds, orbit_moves, gauge = _geometry(setup, cfg, start, theta0, shapes, lam)
     moves = _moves(orbit_moves if cfg.orbit_moves else None, gauge)
     res = run_chains(gauge.wrap(potential) if gauge else potential, theta0, cfg.n_warmup, n_keep,
                      cfg.n_leapfrog, cfg.thin, cfg.target_accept, cfg.jitter, seed=seed, progress=progress,

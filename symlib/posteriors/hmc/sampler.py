@@ -333,6 +333,72 @@ def jittered(eps: torch.Tensor, jitter: float, gen: torch.Generator) -> torch.Te
     return eps * (1 + jitter * (2 * u - 1))
 
 
+def _check_run(on_nonfinite: str, step_size: float | None, n_warmup: int, n_samples: int, n_leapfrog: int,
+               thin: int, target_accept: float, jitter: float) -> None:
+    """Refuse :func:`run_chains`' arguments before any work: an unknown ``on_nonfinite``, a step size that is
+    not positive and finite, no warm-up without a step size, settings :class:`Config` refuses, fewer than
+    one sample.
+
+    Raises:
+        ValueError: naming the argument.
+    """
+    if on_nonfinite not in ("divergence", "raise"):
+        raise ValueError(f"on_nonfinite must be 'divergence' or 'raise', got {on_nonfinite!r}")
+    if step_size is not None and not (step_size > 0 and math.isfinite(step_size)):
+        raise ValueError(f"step_size must be positive and finite, got {step_size!r}")
+    if n_warmup == 0 and step_size is None:
+        raise ValueError("without warm-up (n_warmup=0) give a step_size to sample with")
+    Config(n_warmup, n_leapfrog, thin, target_accept, jitter)  # validates the settings
+    _scales.check_int("n_samples", n_samples, 1)
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What :func:`run_chains` keeps of its ``C`` chains' trajectories.
+
+    Attributes:
+        draws: ``(C, S, D)`` kept states; pots: ``(C, S)`` their :math:`U`; warm_pots: ``(C, n_warmup)``
+            :math:`U` after every warm-up trajectory.
+        acc_sum, n_acc: ``(C,)`` sums of the acceptance probabilities and of the accepted trajectories after
+            warm-up; div, div_warm: ``(C,)`` divergent trajectories after and during warm-up.
+    """
+
+    draws: torch.Tensor
+    pots: torch.Tensor
+    warm_pots: torch.Tensor
+    acc_sum: torch.Tensor
+    n_acc: torch.Tensor
+    div: torch.Tensor
+    div_warm: torch.Tensor
+
+    @classmethod
+    def empty(cls, c: int, dim: int, n_samples: int, n_warmup: int, dt: torch.dtype,
+              dev: torch.device) -> _Tally:
+        """Nothing counted yet, room for ``n_samples`` states of dtype ``dt`` on ``dev`` per chain."""
+        return cls(draws=torch.empty(c, n_samples, dim, dtype=dt, device=dev),
+                   pots=torch.empty(c, n_samples, dtype=dt, device=dev),
+                   warm_pots=torch.empty(c, n_warmup, dtype=dt, device=dev),
+                   acc_sum=torch.zeros(c, dtype=torch.float64, device=dev),
+                   n_acc=torch.zeros(c, dtype=torch.float64, device=dev),
+                   div=torch.zeros(c, dtype=torch.int64, device=dev),
+                   div_warm=torch.zeros(c, dtype=torch.int64, device=dev))
+
+    def warm(self, it: int, st: Step) -> None:
+        """Warm-up trajectory ``it``: its divergences and the potential it ends at."""
+        self.div_warm += st.divergent.long()
+        self.warm_pots[:, it] = st.u
+
+    def sampled(self, i: int, thin: int, st: Step) -> None:
+        """Sampling trajectory ``i`` (counted from the end of warm-up): its acceptance and divergences, and
+        its end state kept when it completes a group of ``thin``."""
+        self.acc_sum += st.accept_prob
+        self.n_acc += st.accepted.double()
+        self.div += st.divergent.long()
+        k, r = divmod(i, thin)
+        if r == thin - 1:
+            self.draws[:, k], self.pots[:, k] = st.theta, st.u
+
+
 def run_chains(
     potential: Potential,
     theta0: torch.Tensor,
@@ -376,14 +442,7 @@ def run_chains(
             (:class:`symlib.posteriors.hmc.orbits.ScalingMoves`); the potential and its gradient are
             recomputed after it.
     """
-    if on_nonfinite not in ("divergence", "raise"):
-        raise ValueError(f"on_nonfinite must be 'divergence' or 'raise', got {on_nonfinite!r}")
-    if step_size is not None and not (step_size > 0 and math.isfinite(step_size)):
-        raise ValueError(f"step_size must be positive and finite, got {step_size!r}")
-    if n_warmup == 0 and step_size is None:
-        raise ValueError("without warm-up (n_warmup=0) give a step_size to sample with")
-    Config(n_warmup, n_leapfrog, thin, target_accept, jitter)  # validates the settings
-    _scales.check_int("n_samples", n_samples, 1)
+    _check_run(on_nonfinite, step_size, n_warmup, n_samples, n_leapfrog, thin, target_accept, jitter)
     metric = metric or Identity()
     t_start = time.perf_counter()
     gen = torch.Generator().manual_seed(int(seed))
@@ -405,13 +464,7 @@ def run_chains(
     adapt = DualAveraging(eps, target_accept)
 
     total = n_warmup + n_samples * thin
-    draws = torch.empty(c, n_samples, dim, dtype=dt, device=dev)
-    pots = torch.empty(c, n_samples, dtype=dt, device=dev)
-    warm_pots = torch.empty(c, n_warmup, dtype=dt, device=dev)
-    acc_sum = torch.zeros(c, dtype=torch.float64, device=dev)
-    n_acc = torch.zeros(c, dtype=torch.float64, device=dev)
-    div = torch.zeros(c, dtype=torch.int64, device=dev)
-    div_warm = torch.zeros(c, dtype=torch.int64, device=dev)
+    tally = _Tally.empty(c, dim, n_samples, n_warmup, dt, dev)
     orbit_acc = torch.zeros(c, dtype=torch.float64)
     t_warm = 0.0
     bar = _progress.bar(total, "hmc", enabled=progress)
@@ -431,31 +484,25 @@ def run_chains(
         theta, u, g = st.theta, st.u, st.grad
         if warm:
             eps = adapt.update(st.accept_prob).to(dt)
-            div_warm += st.divergent.long()
-            warm_pots[:, it] = u
+            tally.warm(it, st)
         else:
-            acc_sum += st.accept_prob
-            n_acc += st.accepted.double()
-            div += st.divergent.long()
-            k, r = divmod(it - n_warmup, thin)
-            if r == thin - 1:
-                draws[:, k], pots[:, k] = theta, u
+            tally.sampled(it - n_warmup, thin, st)
         bar.update(1)
     bar.close()
     n_after = max(total - n_warmup, 1)
     return HMCResult(
-        draws=draws,
-        potential=pots,
-        accept_prob=acc_sum / n_after,
-        accepted=n_acc / n_after,
-        divergences=div.cpu(),
-        divergences_warmup=div_warm.cpu(),
+        draws=tally.draws,
+        potential=tally.pots,
+        accept_prob=tally.acc_sum / n_after,
+        accepted=tally.n_acc / n_after,
+        divergences=tally.div.cpu(),
+        divergences_warmup=tally.div_warm.cpu(),
         step_size=eps.cpu(),
         n_leapfrog=n_leapfrog,
         n_grad=calls[0],
         seconds=time.perf_counter() - t_start,
         seconds_warmup=t_warm if n_warmup else 0.0,
         metric=metric.describe(),
-        warmup_potential=warm_pots.cpu(),
+        warmup_potential=tally.warm_pots.cpu(),
         orbit_accept=orbit_acc / max(total, 1) if moves is not None else None,
     )

@@ -121,6 +121,17 @@ class _Tempered:
         return self.tempered(theta, self.nll, self.grad)
 
 
+def _replicas(theta0: torch.Tensor, k: int) -> tuple[torch.Tensor, int]:
+    """``(theta, C)``: the initial states of ``K = k`` replicas of ``C`` chains as ``(K C, D)`` rows (row
+    ``k * C + c``: temperature ``k`` of chain ``c``), a copy of ``theta0`` ``(K, C, D)`` or of ``(C, D)``
+    repeated at every temperature."""
+    start = theta0.detach()
+    if start.ndim == 2:
+        start = start.expand(k, *start.shape)
+    _, c, dim = start.shape
+    return start.reshape(k * c, dim).clone(), c
+
+
 def _checked_ladder(betas: torch.Tensor, n_warmup: int, n_samples: int, n_leapfrog: int,
                     thin: int) -> torch.Tensor:
     """``betas`` as float64 once checked to decrease strictly from 1 to a positive value, and the run's
@@ -236,12 +247,8 @@ def run_tempered(
     betas = _checked_ladder(betas, n_warmup, n_samples, n_leapfrog, thin)
     metric = metric or Identity()
     k = betas.shape[0]
-    start = theta0.detach()
-    if start.ndim == 2:
-        start = start.expand(k, *start.shape)
-    _, c, dim = start.shape
-    dt, dev = start.dtype, start.device
-    theta = start.reshape(k * c, dim).clone()  # row k * C + c: temperature k of chain c
+    theta, c = _replicas(theta0, k)
+    dim, dt, dev = theta.shape[1], theta.dtype, theta.device
     potential = _Tempered(likelihood, betas.to(dt).to(dev).repeat_interleave(c), lam)
     gen = torch.Generator().manual_seed(int(seed))
     t0 = time.perf_counter()
@@ -281,8 +288,7 @@ def run_tempered(
                 ex.travel()
             j, r = divmod(it - n_warmup, thin)
             if r == thin - 1:
-                draws[:, j], nlls[:, j] = theta[:c], nll[:c]
-                pots[:, j] = u[:c]
+                draws[:, j], nlls[:, j], pots[:, j] = theta[:c], nll[:c], u[:c]
         bar.update(1)
     bar.close()
     n_after = max(total - n_warmup, 1)
