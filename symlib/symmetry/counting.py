@@ -35,6 +35,21 @@ import torch
 from symlib.symmetry.spec import Spec
 
 
+class Count(int):
+    """An exact count that prints at any size: an ``int`` in every operation, whose ``repr`` and ``str``
+    show a number of more than 4,000 digits as ``m.mmmmme+N (N+1 digits)`` (Python refuses to convert
+    integers of more than 4,300 digits to text, so ``print(totals(spec))`` of a transformer would fail)."""
+
+    def __repr__(self) -> str:
+        if self.bit_length() < 13_000:  # under about 3,900 decimal digits: the plain integer
+            return int.__repr__(self)
+        exp = math.floor(math.log10(self)) if self > 0 else 0  # math.log10 takes arbitrary-size ints
+        mantissa = 10 ** (math.log10(self) - exp)
+        return f"{mantissa:.6f}e+{exp} ({exp + 1} digits)"
+
+    __str__ = __repr__
+
+
 def _log10_factorial(n: int) -> float:
     return math.lgamma(n + 1) / math.log(10)
 
@@ -92,7 +107,7 @@ def count(spec: Spec) -> list[dict]:
             "layers": layers,
             "channels": n,
             "groups": groups,
-            "permutations": within * swaps,
+            "permutations": Count(within * swaps),
             "log10_permutations": groups * _log10_factorial(n // groups) + math.log10(swaps),
             "untied_log10": sum(len(spec.shapes[w]) >= 2 for w in _weights(spec, label))
             * _log10_factorial(n),
@@ -119,7 +134,7 @@ def totals(spec: Spec) -> dict:
         and name not in spec.aliases
     )
     return {
-        "permutations": perms,
+        "permutations": Count(perms),
         "log10_permutations": sum(r["log10_permutations"] for r in rows),
         "untied_log10": sum(r["untied_log10"] for r in rows),
         "scaling_dof": sum(r["scaling_dof"] for r in rows),

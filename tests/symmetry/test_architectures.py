@@ -364,3 +364,20 @@ def test_summary_table():
     assert list(frame["scaling_dof"]) == [12, 4] and list(frame["parameters"]) == [392, 26]
     assert frame["log10_permutations"].iloc[1] == pytest.approx(math.log10(24), abs=0.05)
     assert set(counting.paper_models()) >= {"OptuNet (MNIST)", "ResNet-18 (CIFAR-100)"}
+
+
+def test_counts_of_any_size_print():
+    """A wide network's group has more than 4,300 digits, which Python refuses to print as an int; the
+    counts stay exact integers and print in scientific form with their number of digits."""
+    import math
+
+    from symlib.models import MLP
+    from symlib.symmetry.trace import spec_of
+
+    spec = spec_of(MLP([2, 2000, 2000, 2]).double(), (2,))
+    tot = counting.totals(spec)
+    assert tot["permutations"] == math.factorial(2000) ** 2  # exact
+    text = str(tot)  # a plain int of 11,470 digits would raise ValueError here
+    exp = math.floor(math.log10(math.factorial(2000) ** 2))
+    assert f"e+{exp} ({exp + 1} digits)" in text and exp + 1 > 4300
+    assert repr(counting.Count(12345)) == "12345" and counting.Count(10) * 3 == 30
