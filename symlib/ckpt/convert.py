@@ -15,11 +15,12 @@ adds:
 * ``"sha256"`` in every chunk record: the sha256 of the chunk file's bytes.
 
 The folder is assembled under a temporary name beside ``out`` and renamed at the end: if any file fails
-to read or any check fails, nothing is written. :func:`import_checkpoints` reads checkpoint files
-(:func:`~symlib.ckpt.loader.read`) and writes them; :func:`canonical` writes the canonical forms
-(:func:`symlib.canonicalize`) of any set; :func:`networks` rebuilds the networks of an imported set, one
-``nn.Module`` per checkpoint, from its recipe (what ``symlib.load(..., as_="models")`` does for the
-architectures of :mod:`symlib.models`).
+to read or any check fails, nothing is written (the temporary folder a killed run left is removed by the
+next run to ``out``: :func:`symlib.store.remove_leftovers`; a full disk is named with the folder).
+:func:`import_checkpoints` reads checkpoint files (:func:`~symlib.ckpt.loader.read`) and writes them;
+:func:`canonical` writes the canonical forms (:func:`symlib.canonicalize`) of any set; :func:`networks`
+rebuilds the networks of an imported set, one ``nn.Module`` per checkpoint, from its recipe (what
+``symlib.load(..., as_="models")`` does for the architectures of :mod:`symlib.models`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import datetime
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,9 @@ def check_out(out: str | os.PathLike) -> Path:
     ever overwritten) or lies where nothing can be written."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"{out}: already exists; nothing is overwritten: choose another --to (a new or "
-                              f"empty folder)")
+        what = " (an exported dataset: nothing writes into one)" if store.exported(out) else ""
+        raise CheckpointError(f"{out}: already exists{what}; nothing is overwritten: choose another --to "
+                              f"(a new or empty folder)")
     parent = out.parent if out.parent != Path("") else Path(".")
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -149,10 +150,9 @@ def write(
     chunk = chunk or max(1, min(n, CHUNK_BYTES // per_net))
     ident = {"method": method, "tensors": store.tensor_digest(params), "architecture": recipe.record(out)}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-    tmp = out.parent / f".{out.name}.{method}-{os.getpid()}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
+    full = (f"nothing was left at {out} (the set is assembled under a temporary name): free some space and "
+            f"run the same command again")
+    with store.assemble(out, method, full) as tmp:  # a killed run's leftovers removed first
         io.save(SampleSet(params, method, n_modes, n_per_mode), tmp, chunk=chunk, key=key)
         man = io.read_manifest(tmp)
         arch, model = _model_record(recipe, {k: tuple(v.shape[1:]) for k, v in params.items()})
@@ -161,12 +161,6 @@ def write(
         man.update({"arch": arch, "model": model, "architecture": recipe.record(out),
                     "source": store.jsonable(source or {})})
         store.write_manifest(tmp, man)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return man
 
 

@@ -351,7 +351,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> SampleS
 def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
     """Check that a manifest's architecture (``arch``, ``setup.arch`` and the ``model`` constructor) agrees
     with the tensor shapes it records, so that an edited or damaged manifest is named here rather than
-    failing later in ``load_state_dict``."""
+    failing later in ``load_state_dict``, and that its data record is its training problem's."""
     file = Path(path) / MANIFEST
     fix = (
         "the manifest was edited or damaged: restore it, or rerun `symlib posterior sample` with the same "
@@ -363,6 +363,11 @@ def check_model(path: str | os.PathLike, man: dict[str, Any]) -> None:
     st_arch = (man.get("setup") or {}).get("arch")
     if st_arch is not None and arch != st_arch:
         raise StoreError(f"{file}: records architecture {arch!r}, its training problem {st_arch!r}; {fix}")
+    setup = man.get("setup") if isinstance(man.get("setup"), dict) else {}
+    if "data" in setup and man.get("data") != setup["data"]:  # two copies, written together
+        have, want = ((d or {}).get("fingerprint") if isinstance(d or {}, dict) else d
+                      for d in (man.get("data"), setup["data"]))
+        raise StoreError(f"{file}: records data fingerprint {have!r}, its training problem {want!r}; {fix}")
     if not arch:
         return
     try:

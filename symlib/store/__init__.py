@@ -16,7 +16,11 @@ A checkpoint set is a folder:
 Every file is written to a temporary name in the same folder and renamed (:func:`os.replace`), so a
 killed run leaves only complete files (:func:`atomic_write_bytes`; their mode follows the umask, as for
 any file the user writes); the temporary files a killed run leaves are removed by the next run
-(:func:`remove_stale`).
+(:func:`remove_stale`, :func:`remove_leftovers` for a folder assembled beside its target). A chunk is
+written byte for byte the same from the same tensors and metadata (:func:`serialize`), so a chunk written
+again has the sha256 of the original. No command writes into an exported dataset or beside files it did
+not write (:func:`check_out`: :func:`exported`, :func:`foreign`), and a full disk is named with the folder
+(:func:`no_space`).
 
 Chunks written before headers carried their own sha256 (the same format, ``symlib-zoo/1``) still load:
 their header must hold exactly the entries those versions wrote, and the readers compare its records
@@ -33,41 +37,63 @@ provenance, the errors), :mod:`~symlib.store.chunks` (chunk files: headers, dige
 
 from symlib.store.architecture import adapt, architecture
 from symlib.store.chunks import (
+    ADDED,
     HEADER,
     LEGACY,
     atomic_save,
     check_tensors,
     chunk_name,
+    damaged_identity,
     header_digest,
     header_records,
     read_chunk,
     read_header,
     sample_records,
+    serialize,
     tensor_digest,
 )
 from symlib.store.files import (
     FORMAT,
     KINDS,
     MANIFEST,
+    STALE,
     DamagedError,
     StoreError,
     alive,
+    assemble,
     atomic_write_bytes,
     file_sha256,
     git_commit,
     jsonable,
     kind_of,
+    no_space,
     provenance,
     read_manifest,
+    remove_leftovers,
     remove_stale,
+    temporary,
     write_manifest,
 )
-from symlib.store.folders import check_folder, check_out, check_owners
+from symlib.store.folders import (
+    PLAN,
+    WORK,
+    check_folder,
+    check_out,
+    check_owners,
+    exported,
+    foreign,
+    refuse_exported,
+)
 
 __all__ = [
+    "ADDED",
+    "PLAN",
+    "STALE",
+    "WORK",
     "adapt",
     "alive",
     "architecture",
+    "assemble",
     "FORMAT",
     "HEADER",
     "KINDS",
@@ -83,17 +109,25 @@ __all__ = [
     "check_owners",
     "check_out",
     "chunk_name",
+    "damaged_identity",
+    "exported",
+    "foreign",
     "git_commit",
     "header_digest",
     "header_records",
     "jsonable",
     "kind_of",
+    "no_space",
     "provenance",
     "read_chunk",
     "read_header",
     "read_manifest",
+    "refuse_exported",
+    "remove_leftovers",
     "remove_stale",
     "sample_records",
+    "serialize",
+    "temporary",
     "tensor_digest",
     "write_manifest",
 ]

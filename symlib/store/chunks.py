@@ -5,6 +5,11 @@ A chunk's header (its safetensors metadata) holds the format, the set it belongs
 record per network, the sha256 of its tensors (:func:`tensor_digest`) and the sha256 of the header
 itself (:data:`HEADER`, :func:`header_digest`). :func:`read_chunk` checks all of them; a chunk written
 before headers carried their sha256 must hold exactly the entries of its kind then (:data:`LEGACY`).
+
+Every chunk is written byte for byte the same from the same tensors and metadata (:func:`serialize`:
+``safetensors`` itself writes the metadata in a random order), so that a chunk written again (``symlib
+zoo repair``) has the sha256 of the original, and every sha256 recorded elsewhere (a dataset's table, its
+Croissant description) stays true.
 """
 
 from __future__ import annotations
@@ -30,18 +35,25 @@ LEGACY = {
     "posterior": ("chunk", "format", "kind", "samples", "set_hash", "sha256"),
 }
 """Per kind, the header entries of a chunk written before headers carried their own sha256."""
+ADDED = ("data",)
+"""Header entries that later versions write beside the sha256 of the header (a zoo chunk's data record):
+a chunk without that sha256 may hold them too (a chunk of this version rewritten as the previous format
+wrote it), any other entry is a damaged header."""
 
 __all__ = [
+    "ADDED",
     "HEADER",
     "LEGACY",
     "atomic_save",
     "check_tensors",
     "chunk_name",
     "header_digest",
+    "damaged_identity",
     "header_records",
     "read_chunk",
     "read_header",
     "sample_records",
+    "serialize",
     "tensor_digest",
 ]
 
@@ -69,15 +81,32 @@ def header_digest(metadata: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def serialize(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> bytes:
+    """The bytes of a safetensors file holding ``tensors`` and ``metadata``, the same bytes for the same
+    input: ``safetensors`` orders the tensors (by dtype, then name) but writes the metadata in a random
+    order, so its header is written again here with the metadata sorted by key (the tensors, their
+    offsets and data as ``safetensors`` laid them out). Any safetensors reader reads the file."""
+    blob = safetensors_bytes(dict(tensors), metadata=dict(metadata))
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8: 8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered = {"__metadata__": dict(sorted(meta.items()))} if meta is not None else {}
+    ordered.update(sorted(header.items(), key=lambda kv: (kv[1]["data_offsets"], kv[0])))
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes: the data stays aligned
+    return len(text).to_bytes(8, "little") + text + blob[8 + n:]
+
+
 def atomic_save(
     tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]
 ) -> None:
     """Write stacked tensors as one safetensors chunk with ``metadata``, the sha256 of the tensors and
-    the sha256 of the header (:func:`header_digest`), atomically."""
+    the sha256 of the header (:func:`header_digest`), atomically and deterministically
+    (:func:`serialize`: the same tensors and metadata give the same bytes)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     meta = {**metadata, "sha256": tensor_digest(tensors)}
     meta[HEADER] = header_digest(meta)
-    atomic_write_bytes(path, safetensors_bytes(tensors, metadata=meta))
+    atomic_write_bytes(path, serialize(tensors, meta))
 
 
 def _intact(meta: Mapping[str, str]) -> bool | None:
@@ -87,40 +116,62 @@ def _intact(meta: Mapping[str, str]) -> bool | None:
     return None if recorded is None else recorded == header_digest(meta)
 
 
+def _legacy(meta: Mapping[str, str], legacy: Sequence[str]) -> bool:
+    """Whether a header without its sha256 holds the entries ``legacy`` (:data:`LEGACY`), and at most the
+    entries later versions added (:data:`ADDED`)."""
+    return set(legacy) <= set(meta) <= set(legacy) | set(ADDED)
+
+
 def _untrusted(meta: Mapping[str, str]) -> bool:
     """Whether a chunk's header is damaged as far as can be told without knowing its kind: its sha256
     does not match, or it has none and its entries are not those of any chunk written before headers
     carried one (:data:`LEGACY`)."""
     intact = _intact(meta)
-    return intact is False or (intact is None and set(meta) not in [set(v) for v in LEGACY.values()])
+    return intact is False or (intact is None and not any(_legacy(meta, v) for v in LEGACY.values()))
+
+
+def damaged_identity(meta: Mapping[str, str], key: str, value: str) -> bool:
+    """Whether a header whose ``key`` (the set it belongs to) is not ``value`` is a damaged header of the
+    set ``value`` rather than a header of another set: it fails its own sha256 (or the entry's name itself
+    is damaged) and its ``key`` differs from ``value`` in one character only (a flipped byte). A header that
+    names another set in full is never taken for damage, intact or not, so that no command overwrites
+    another set's chunk."""
+    if key not in meta:
+        return _untrusted(meta)
+    have = str(meta[key])
+    near = len(have) == len(value) and sum(a != b for a, b in zip(have, value, strict=True)) == 1
+    return near and _intact(meta) is False
 
 
 def _check_header(
     path: Path, meta: Mapping[str, str], expect: Mapping[str, str], fix: str, legacy: Sequence[str] | None
 ) -> None:
+    """Check a chunk's header: a header that names another set in full (``expect``) is that set's chunk,
+    never overwritten; otherwise a header that fails its own sha256 is damage, whichever entry the damage
+    hit (a flipped byte in the set's hash included: :func:`damaged_identity`); then the format, the
+    entries ``expect`` and, for a chunk written before headers carried their sha256, its entries
+    (``legacy``)."""
     intact = _intact(meta)
-    damaged = DamagedError(
-        f"{path}: its header (the metadata that says what the chunk holds) does not match the sha256 "
-        f"written with it, so the file is damaged (a flipped byte, an interrupted copy); {fix}"
-    )
-    if meta.get("format") != FORMAT:
-        if intact is False:
-            raise damaged
+    if meta.get("format") != FORMAT and intact is not False:
         raise StoreError(f"{path}: not a {FORMAT} chunk (metadata {sorted(meta)})")
-    for key, value in expect.items():
-        if meta.get(key) != value:
-            if key not in meta and _untrusted(meta):
-                raise DamagedError(  # the entry's name itself was damaged
-                    f"{path}: its header (metadata) holds the entries {sorted(meta)}, not those symlib "
-                    f"writes (no {key!r}), so the file is damaged; {fix}"
-                )
+    for key, value in expect.items():  # another set's chunk is named as such, damaged or not
+        if meta.get(key) != value and not damaged_identity(meta, key, value):
             raise StoreError(
                 f"{path}: belongs to {key} {meta.get(key)}, not {value}; do not mix sets in one folder: "
                 f"move this file out (it is never overwritten)"
             )
     if intact is False:
-        raise damaged
-    if intact is None and legacy is not None and set(meta) != set(legacy):
+        raise DamagedError(
+            f"{path}: its header (the metadata that says what the chunk holds) does not match the sha256 "
+            f"written with it, so the file is damaged (a flipped byte, an interrupted copy); {fix}"
+        )
+    for key in expect:
+        if key not in meta:  # the entry's name itself was damaged (a header without its sha256)
+            raise DamagedError(
+                f"{path}: its header (metadata) holds the entries {sorted(meta)}, not those symlib "
+                f"writes (no {key!r}), so the file is damaged; {fix}"
+            )
+    if intact is None and legacy is not None and not _legacy(meta, legacy):
         raise DamagedError(
             f"{path}: its header (metadata) holds the entries {sorted(meta)}, not those symlib writes "
             f"({sorted(legacy)}), so the file is damaged; {fix}"

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +22,18 @@ from symlib.errors import DamagedError, StoreError
 FORMAT = "symlib-zoo/1"
 MANIFEST = "manifest.json"
 KINDS = ("zoo", "posterior")
+STALE = (".chunk-*.tmp", f".{MANIFEST}.*.tmp")
+"""The temporary files :func:`atomic_write_bytes` leaves in a set's folder when a run is killed
+(:func:`remove_stale`)."""
 
 
 __all__ = [
     "alive",
+    "assemble",
     "FORMAT",
     "KINDS",
     "MANIFEST",
+    "STALE",
     "DamagedError",
     "StoreError",
     "atomic_write_bytes",
@@ -32,9 +41,12 @@ __all__ = [
     "git_commit",
     "jsonable",
     "kind_of",
+    "no_space",
     "provenance",
     "read_manifest",
+    "remove_leftovers",
     "remove_stale",
+    "temporary",
     "write_manifest",
 ]
 
@@ -103,8 +115,76 @@ def jsonable(obj: Any) -> Any:
 
 
 def write_manifest(folder: str | os.PathLike, manifest: Mapping[str, Any]) -> None:
-    """Write ``manifest.json`` into ``folder`` atomically."""
-    atomic_write_bytes(Path(folder) / MANIFEST, json.dumps(manifest, indent=1).encode())
+    """Write ``manifest.json`` into ``folder`` atomically; a manifest that already holds exactly these
+    bytes is left as it is (a command that changes nothing writes nothing)."""
+    file, payload = Path(folder) / MANIFEST, json.dumps(manifest, indent=1).encode()
+    try:
+        if file.read_bytes() == payload:
+            return
+    except OSError:
+        pass
+    atomic_write_bytes(file, payload)
+
+
+@contextlib.contextmanager
+def no_space(folder: str | os.PathLike, after: str) -> Iterator[None]:
+    """Turn a full disk (or quota) met while writing into ``folder`` into a :class:`StoreError` naming the
+    folder and ``after`` (what is left and what to do: every file is written to a temporary name and
+    renamed, so nothing written before is damaged)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise StoreError(
+            f"{folder}: no space left on the device ({os.strerror(e.errno)}) while writing there; {after}"
+        ) from e
+
+
+def temporary(target: str | os.PathLike, tag: str) -> Path:
+    """The temporary folder, beside ``target``, in which a command (``tag``: ``export``, ``import``, ...)
+    assembles ``target`` before renaming it: ``.NAME.TAG-PID.tmp`` (:func:`remove_leftovers`)."""
+    target = Path(target)
+    return target.parent / f".{target.name}.{tag}-{os.getpid()}.tmp"
+
+
+@contextlib.contextmanager
+def assemble(target: str | os.PathLike, tag: str, after: str) -> Iterator[Path]:
+    """Assemble the folder ``target`` in a temporary folder beside it (:func:`temporary`, yielded; the
+    leftovers of killed runs removed first: :func:`remove_leftovers`) and rename it to ``target`` at the
+    end (an empty ``target`` is replaced; the caller refuses any other), so that ``target`` appears whole
+    or not at all: on any error the temporary folder is removed, and a full disk is a :class:`StoreError`
+    naming ``target`` and ``after`` (:func:`no_space`)."""
+    target = Path(target)
+    with no_space(target, after):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(target, tag)
+        tmp = temporary(target, tag)
+        tmp.mkdir()
+        try:
+            yield tmp
+            if target.exists():
+                target.rmdir()  # empty (the caller refuses any other)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def remove_leftovers(target: str | os.PathLike, tag: str) -> None:
+    """Delete the temporary folders (:func:`temporary`) that killed commands ``tag`` left beside
+    ``target``: those whose process is gone, or is this one (a pid used again); those of a command still
+    running are kept."""
+    target = Path(target)
+    prefix = f".{target.name}.{tag}-"
+    for tmp in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = tmp.name[len(prefix): -len(".tmp")]
+        if not pid.isdigit() or (int(pid) != os.getpid() and alive(int(pid))):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
 
 
 def _parse_manifest(file: Path) -> dict[str, Any]:
@@ -158,7 +238,7 @@ def read_manifest(folder: str | os.PathLike, kind: str | None = None, how: str =
 def remove_stale(folder: str | os.PathLike) -> None:
     """Delete the temporary files a killed run left in ``folder`` (one writer per folder at a time)."""
     folder = Path(folder)
-    for stale in [*folder.glob(".chunk-*.tmp"), *folder.glob(f".{MANIFEST}.*.tmp")]:
+    for stale in [p for pattern in STALE for p in folder.glob(pattern)]:
         stale.unlink(missing_ok=True)
 
 

@@ -17,10 +17,11 @@ from symlib.params import Params
 from symlib.store import MANIFEST, chunk_name
 from symlib.zoo.chunks import (
     ZooError,
+    check_data,
     check_manifest,
     check_records,
     config_of,
-    read_chunk,
+    read,
     read_manifest,
     write_manifest,
 )
@@ -70,8 +71,8 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
 
     Raises:
         ZooError: naming the file, for a missing/corrupt manifest or chunk, a chunk file at another
-            chunk's name, a manifest whose architecture, seeds or metrics differ from its configuration or
-            chunks, another architecture, NaN weights, or missing models.
+            chunk's name, a manifest whose architecture, seeds, metrics or data record differ from its
+            configuration or chunks, another architecture, NaN weights, or missing models.
     """
     if as_ not in ("stacked", "models"):
         raise ValueError(f"as_ must be 'stacked' or 'models', got {as_!r}")
@@ -82,9 +83,10 @@ def load(path: str | os.PathLike, as_: str = "stacked", device: str | torch.devi
     _check_complete(path, man, cfg)
     parts = []
     for c in range(cfg.n_chunks):
-        tensors, recs = read_chunk(path / chunk_name(c), cfg, c)
-        check_records(path, man, cfg, c, recs)
-        parts.append(tensors)
+        got = read(path / chunk_name(c), cfg, c)
+        check_records(path, man, cfg, c, got.records)
+        check_data(path, man, chunk_name(c), got.data)
+        parts.append(got.tensors)
     dev = _scales.check_device(device)
     stacked = {k: torch.cat([p[k] for p in parts]).to(dev) for k in parts[0]}
     if as_ == "stacked":
@@ -188,7 +190,9 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
                     f"{owner[c]} and {p}; each shard must train a disjoint slice"
                 )
             owner[c] = p
-            records[c] = read_chunk(p / chunk_name(c), cfg, c)[1]
+            got = read(p / chunk_name(c), cfg, c)
+            check_data(p, man, chunk_name(c), got.data)  # the data its shard records
+            records[c] = got.records
     missing = sorted(set(range(cfg.n_chunks)) - set(owner))
     if missing:
         lost = [s for c in missing for s in cfg.seeds[slice(*cfg.chunk_range(c))]]
@@ -196,18 +200,21 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
             f"merging {len(dirs)} shards leaves {len(lost)} models missing (chunks {missing}, "
             f"seeds {lost[:10]}{'...' if len(lost) > 10 else ''}); train the missing shards first"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    store.remove_stale(out)  # left by an interrupted merge (one writer per folder at a time)
-    if old is None:  # a new folder: say what is being written there until the merge is done
-        write_manifest(out, cfg, [], {}, mans[0].get("data"), None, list(range(cfg.n_chunks)),
-                       merging={"shards": [str(p) for p in dirs]})
-    for c, p in sorted(owner.items()):
-        src, dst = p / chunk_name(c), out / chunk_name(c)
-        if src.resolve() != dst.resolve():
-            store.atomic_write_bytes(dst, src.read_bytes())
-    return write_manifest(
-        out, cfg, sorted(owner), records, mans[0].get("data"), None, list(range(cfg.n_chunks))
-    )
+    full = ("nothing written before is damaged (every file is written to a temporary name and renamed): "
+            "free some space and run the same merge again")
+    with store.no_space(out, full):
+        out.mkdir(parents=True, exist_ok=True)
+        store.remove_stale(out)  # left by an interrupted merge (one writer per folder at a time)
+        if old is None:  # a new folder: say what is being written there until the merge is done
+            write_manifest(out, cfg, [], {}, mans[0].get("data"), None, list(range(cfg.n_chunks)),
+                           merging={"shards": [str(p) for p in dirs]})
+        for c, p in sorted(owner.items()):
+            src, dst = p / chunk_name(c), out / chunk_name(c)
+            if src.resolve() != dst.resolve():
+                store.atomic_write_bytes(dst, src.read_bytes())
+        return write_manifest(
+            out, cfg, sorted(owner), records, mans[0].get("data"), None, list(range(cfg.n_chunks))
+        )
 
 
 def cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:

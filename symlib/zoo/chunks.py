@@ -1,22 +1,27 @@
 """A zoo's chunks and manifest on the common format of :mod:`symlib.store` (book: "Checkpoint zoos").
 
-A zoo chunk records the zoo's config hash, its own chunk index, the architecture and one record per model
-(seed and metrics); the zoo's manifest records the configuration, the data fingerprint, every model's
-metrics and the chunks written so far. Reading a chunk (:func:`read_chunk`) checks everything
-:func:`symlib.store.read_chunk` checks (its header's and its tensors' sha256), that the chunk is the one
-its file name says (index and seeds: two chunk files swapped are named, not loaded) and the
-architecture's tensor names and shapes. :func:`check_manifest` checks that what a manifest says about the
-networks (architecture, seeds, chunks) agrees with its configuration, whose hash the chunks carry;
-:func:`symlib.zoo.load` then compares every model's record with its chunk's.
+A zoo chunk records the zoo's config hash, its own chunk index, the architecture, one record per model
+(seed and metrics) and the data it was trained on (``"data"``: the manifest's data record, with the data
+fingerprint; chunks written before it was recorded have none); the zoo's manifest records the
+configuration, the data fingerprint, every model's metrics and the chunks written so far. Reading a
+chunk (:func:`read_chunk`) checks everything :func:`symlib.store.read_chunk` checks (its header's and
+its tensors' sha256), that the chunk is the one its file name says (index and seeds: two chunk files
+swapped are named, not loaded) and the architecture's tensor names and shapes. :func:`check_manifest`
+checks that what a manifest says about the networks (architecture, seeds, chunks) agrees with its
+configuration, whose hash the chunks carry; :func:`symlib.zoo.load` then compares every model's record
+with its chunk's (:func:`check_records`) and the manifest's data record with the one every chunk carries
+(:func:`check_data`: an edited data fingerprint is named without loading the data, which may not even be
+on the machine).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,16 +34,23 @@ from symlib.zoo.config import ZooConfig
 KIND = "zoo"
 RECORD = ("seed", "train_acc", "train_loss", "test_acc", "test_loss")
 """What a chunk and the manifest record of every model."""
+DATA = "data"
+"""The chunk header entry that holds the manifest's data record (:func:`data_entry`)."""
 
 __all__ = [
+    "DATA",
     "FORMAT",
     "KIND",
     "MANIFEST",
     "RECORD",
+    "Chunk",
     "ZooError",
+    "check_data",
     "check_manifest",
     "check_records",
     "config_of",
+    "data_entry",
+    "read",
     "read_chunk",
     "read_manifest",
     "read_records",
@@ -127,6 +139,64 @@ def _records(path: Path, meta: dict[str, str], cfg: ZooConfig, c: int, fix: str)
     )
 
 
+class Chunk(NamedTuple):
+    """One chunk file of a zoo, read and checked (:func:`read`).
+
+    Attributes:
+        tensors: the stacked tensors (``None`` when only the header was read).
+        records: the per-model records (seed and metrics).
+        data: the data record the chunk was trained on (``None`` for a chunk written before chunks
+            recorded it).
+    """
+
+    tensors: Params | None
+    records: list[dict[str, Any]]
+    data: dict[str, Any] | None
+
+
+def data_entry(data: Any) -> str:
+    """The header entry :data:`DATA` of a chunk trained on ``data`` (the manifest's data record): JSON with
+    sorted keys, so that the same record gives the same bytes."""
+    return json.dumps(data, sort_keys=True)
+
+
+def _data(path: Path, meta: dict[str, str], fix: str) -> dict[str, Any] | None:
+    if DATA not in meta:
+        return None
+    try:
+        data = json.loads(meta[DATA])
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise DamagedError(f"{path}: its header (metadata) is damaged: its {DATA!r} entry is not the data "
+                           f"record symlib writes; {fix}")
+    return data
+
+
+def read(path: str | os.PathLike, cfg: ZooConfig, chunk: int | None = None, full: bool = True) -> Chunk:
+    """Read and check one chunk file of a zoo with configuration ``cfg``: in ``full`` (tensors too, as
+    :func:`read_chunk`), else its header only (as :func:`read_records`).
+
+    Returns:
+        The :class:`Chunk`: tensors (``None`` unless ``full``), records and data record.
+    """
+    path = Path(path)
+    c = _index(path, chunk)
+    fix = repair_hint(path.parent)
+    expect, legacy = {"config_hash": cfg.hash}, store.LEGACY[KIND]
+    if not full:
+        meta = store.read_header(path, expect, fix, legacy=legacy)
+        return Chunk(None, _records(path, meta, cfg, c, fix), _data(path, meta, fix))
+    tensors, meta = store.read_chunk(path, expect, fix, legacy=legacy)
+    records = _records(path, meta, cfg, c, fix)
+    start, stop = cfg.chunk_range(c)
+    store.check_tensors(
+        path, tensors, reference_shapes(cfg), stop - start, f"architecture {cfg.arch!r}",
+        [r["seed"] for r in records], DIVERGED,
+    )
+    return Chunk(tensors, records, _data(path, meta, fix))
+
+
 def read_chunk(
     path: str | os.PathLike, cfg: ZooConfig, chunk: int | None = None
 ) -> tuple[Params, list[dict[str, Any]]]:
@@ -147,27 +217,32 @@ def read_chunk(
             unreadable, its header or weights do not match the sha256 written with them, or it holds
             another chunk of the zoo (its index and seeds: a file swapped or renamed).
     """
-    path = Path(path)
-    c = _index(path, chunk)
-    fix = repair_hint(path.parent)
-    tensors, meta = store.read_chunk(path, {"config_hash": cfg.hash}, fix, legacy=store.LEGACY[KIND])
-    records = _records(path, meta, cfg, c, fix)
-    start, stop = cfg.chunk_range(c)
-    store.check_tensors(
-        path, tensors, reference_shapes(cfg), stop - start, f"architecture {cfg.arch!r}",
-        [r["seed"] for r in records], DIVERGED,
-    )
-    return tensors, records
+    got = read(path, cfg, chunk)
+    return got.tensors, got.records
 
 
 def read_records(path: str | os.PathLike, cfg: ZooConfig, chunk: int | None = None) -> list[dict[str, Any]]:
     """The model records of one chunk file, from its header only (cheap): the checks of
     :func:`read_chunk` but the weights' sha256, shapes and finiteness."""
-    path = Path(path)
-    c = _index(path, chunk)
-    fix = repair_hint(path.parent)
-    meta = store.read_header(path, {"config_hash": cfg.hash}, fix, legacy=store.LEGACY[KIND])
-    return _records(path, meta, cfg, c, fix)
+    return read(path, cfg, chunk, full=False).records
+
+
+def check_data(path: str | os.PathLike, man: dict[str, Any], file: str, data: dict[str, Any] | None) -> None:
+    """Check that the manifest ``man`` of the zoo in ``path`` records the data that its chunk ``file`` was
+    trained on (``data``, from the chunk's header, whose sha256 vouches for it; ``None``: a chunk written
+    before chunks recorded it, nothing to compare).
+
+    Raises:
+        ZooError: naming the manifest, both data fingerprints and the fix.
+    """
+    if data is None or man.get("data") == data:
+        return
+    have = man["data"] if isinstance(man.get("data"), dict) else {}
+    k = next(k for k in sorted(set(data) | set(have) | {"fingerprint"}) if have.get(k) != data.get(k))
+    raise ZooError(
+        f"{Path(path) / MANIFEST}: records data {k} {have.get(k)!r}, but {file} was trained on data {k} "
+        f"{data.get(k)!r} (its header records it, and its sha256 vouches for it); {_fix_manifest(path)}"
+    )
 
 
 def _fix_manifest(path: str | os.PathLike) -> str:
@@ -278,7 +353,8 @@ def write_manifest(
     merging: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the manifest of a zoo holding ``chunks`` (of ``expected``) with their model ``records``;
-    ``merging`` (``{"shards": [...]}``) marks a folder that :func:`symlib.zoo.merge` is filling."""
+    ``merging`` (``{"shards": [...]}``) marks a folder that :func:`symlib.zoo.merge` is filling. A manifest
+    that already holds exactly these bytes is not written again (:func:`symlib.store.write_manifest`)."""
     models = [r for c in sorted(records) for r in records[c]]
     man = {
         "format": FORMAT,
@@ -292,7 +368,7 @@ def write_manifest(
         "recipe": dataclasses.asdict(cfg.recipe),
         "n_models": cfg.n_models,
         "seeds": [r["seed"] for r in models],
-        "data": data_info,
+        "data": dict(sorted(data_info.items())) if isinstance(data_info, dict) else data_info,  # one order
         "models": models,
         "chunks": [
             {

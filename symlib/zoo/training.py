@@ -17,7 +17,7 @@ from symlib import store
 from symlib import training as _train
 from symlib.params import Params
 from symlib.store import FORMAT, MANIFEST, chunk_name
-from symlib.zoo.chunks import ZooError, read_chunk, write_manifest
+from symlib.zoo.chunks import DATA, ZooError, data_entry, read, write_manifest
 from symlib.zoo.config import ZooConfig
 
 
@@ -132,11 +132,16 @@ def train(
     """Train the zoo ``cfg`` (or one shard of it) into ``out_dir``, resuming what is already there.
 
     The folder is checked before any work (:func:`symlib.store.check_out`): a file, a path under a file,
-    a read-only folder, a folder holding a sample set, another zoo or chunks of another zoo are refused
-    and nothing is written. Chunks already on disk are checked in full (:func:`read_chunk`: checksum,
-    seeds, shapes) and skipped; each new chunk is written atomically as soon as it is trained, and the
-    manifest is rewritten after every chunk. Temporary files left by a killed run are deleted, so only
-    one run may write to a folder at a time (use ``shard`` and separate folders to train in parallel).
+    a read-only folder, an exported dataset, a folder holding files symlib did not write (``notes.txt``,
+    ``.git/``), a sample set, another zoo or chunks of another zoo are refused and nothing is written.
+    Chunks already on disk are checked in full (:func:`~symlib.zoo.chunks.read`: checksum, seeds, shapes)
+    and skipped; each new chunk is written atomically as soon as it is trained (the same bytes for the
+    same chunk: :func:`symlib.store.serialize`), and the manifest is rewritten after every chunk when it
+    changes (a complete zoo is checked and nothing is written). Every chunk records the data it was
+    trained on (the manifest's data record), which a manifest must then record. Temporary files left by
+    a killed run are deleted, so only one run may write to a folder at a time (use ``shard`` and
+    separate folders to train in parallel). A full disk is a :class:`~symlib.store.StoreError` naming the
+    folder (nothing written before is damaged).
 
     A damaged chunk (unreadable, or its weights do not match their checksum) or a damaged manifest is
     refused unless ``repair``: then exactly the damaged chunks are retrained (the same seeds give the same
@@ -159,7 +164,54 @@ def train(
     dev = _scales.check_device(device)
     mine = _shard_chunks(cfg, shard)
     out = Path(out_dir)
-    # Everything about the folder is checked before any work (nothing is written if it is refused).
+    old = _check_out(out, cfg, repair)  # before any work: nothing is written if the folder is refused
+    records, data_info = _existing(out, cfg, mine, old, repair)
+    todo = [c for c in mine if c not in records]
+    if todo or data_info is None:
+        d = load_data(cfg, dev)
+        data_info = _same_data(out, data_info, d.info)
+    done = lambda: sorted(records)  # noqa: E731
+    per_chunk = cfg.recipe.epochs
+    total = sum(cfg.chunk_range(c)[1] - cfg.chunk_range(c)[0] for c in mine) * per_chunk
+    initial = sum(len(records[c]) for c in records) * per_chunk
+    full = ("nothing written before is damaged (every file is written to a temporary name and renamed): "
+            "free some space, or choose another --out, and run the same command again: it resumes")
+    with store.no_space(out, full), progress_bar(
+        total,
+        f"zoo {cfg.preset}/{cfg.scale}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
+        enabled=progress,
+        initial=initial,
+        unit="model-epoch",
+    ) as bar:
+        out.mkdir(parents=True, exist_ok=True)
+        store.remove_stale(out)  # left by a killed run (one run per folder at a time)
+        write_manifest(out, cfg, done(), records, data_info, shard, mine)
+        for c in todo:
+            start, stop = cfg.chunk_range(c)
+            theta, recs = _train_chunk(cfg, cfg.seeds[start:stop], d, dev, bar)
+            _check_finite(theta, recs, cfg)
+            meta = {
+                "format": FORMAT,
+                "config_hash": cfg.hash,
+                "chunk": str(c),
+                "arch": cfg.arch,
+                "models": json.dumps(recs),
+                DATA: data_entry(data_info),
+            }
+            store.atomic_save(theta, out / chunk_name(c), meta)
+            records[c] = recs
+            write_manifest(out, cfg, done(), records, data_info, shard, mine)
+    return store.read_manifest(out, "zoo")
+
+
+def _check_out(out: Path, cfg: ZooConfig, repair: bool) -> dict[str, Any] | None:
+    """Check, before any work, that the zoo ``cfg`` can be trained into ``out``
+    (:func:`symlib.store.check_out`: not a file, writable, not an exported dataset, no files symlib did not
+    write, no other set; and no chunks of another zoo); a damaged manifest only with ``repair``.
+
+    Returns:
+        The folder's manifest, or ``None``.
+    """
     old, damaged = store.check_out(out, "zoo")
     if old is not None and old.get("config_hash") != cfg.hash:
         raise ZooError(
@@ -174,53 +226,62 @@ def train(
             f"the damaged ones and rewrites the manifest"
         )
     store.check_owners(out, "config_hash", cfg.hash, "zoo")
-    out.mkdir(parents=True, exist_ok=True)
-    store.remove_stale(out)  # left by a killed run (one run per folder at a time)
+    return old
+
+
+def _existing(
+    out: Path, cfg: ZooConfig, mine: list[int], old: dict[str, Any] | None, repair: bool
+) -> tuple[dict[int, list], dict[str, Any] | None]:
+    """The chunks of ``mine`` already in ``out``, checked in full (their model records; a damaged one is
+    refused unless ``repair``, then left out to be trained again), and the data record the zoo was trained
+    on: the one its chunks carry (their header's sha256 vouches for it; a manifest's may have been
+    edited), else the manifest's, else ``None``.
+
+    Raises:
+        ZooError: a damaged chunk without ``repair``, or chunks trained on different data.
+    """
     records: dict[int, list] = {}
+    held: dict[int, dict[str, Any]] = {}
     for c in mine:
         if (out / chunk_name(c)).exists():
             try:
-                records[c] = read_chunk(out / chunk_name(c), cfg)[1]
+                got = read(out / chunk_name(c), cfg, c)
             except store.DamagedError as e:
                 if not repair:
                     raise ZooError(f"{e} (or rerun this command with --repair)") from None
-    todo = [c for c in mine if c not in records]
-    data_info = old.get("data") if old is not None else None
-    if todo or data_info is None:
-        d = load_data(cfg, dev)
-        if data_info is not None and data_info.get("fingerprint") != d.info["fingerprint"]:
+                continue
+            records[c] = got.records
+            if got.data is not None:
+                held[c] = got.data
+    if not held:
+        return records, (old.get("data") if old is not None else None)
+    first, data = next(iter(held.items()))
+    for c, other in held.items():
+        if other != data:
             raise ZooError(
-                f"{out / MANIFEST}: was trained on data {data_info.get('fingerprint')}, but the data "
-                f"now loads as {d.info['fingerprint']}; choose another --out"
+                f"{out / chunk_name(c)}: was trained on data {other.get('fingerprint')}, but "
+                f"{chunk_name(first)} on {data.get('fingerprint')}: chunks of zoos trained on different data "
+                f"are mixed in this folder; move the chunks of one of them out, or choose another --out"
             )
-        data_info = d.info
-    done = lambda: sorted(records)  # noqa: E731
-    write_manifest(out, cfg, done(), records, data_info, shard, mine)
-    per_chunk = cfg.recipe.epochs
-    total = sum(cfg.chunk_range(c)[1] - cfg.chunk_range(c)[0] for c in mine) * per_chunk
-    initial = sum(len(records[c]) for c in records) * per_chunk
-    with progress_bar(
-        total,
-        f"zoo {cfg.preset}/{cfg.scale}" + (f" shard {shard[0]}/{shard[1]}" if shard else ""),
-        enabled=progress,
-        initial=initial,
-        unit="model-epoch",
-    ) as bar:
-        for c in todo:
-            start, stop = cfg.chunk_range(c)
-            theta, recs = _train_chunk(cfg, cfg.seeds[start:stop], d, dev, bar)
-            _check_finite(theta, recs, cfg)
-            meta = {
-                "format": FORMAT,
-                "config_hash": cfg.hash,
-                "chunk": str(c),
-                "arch": cfg.arch,
-                "models": json.dumps(recs),
-            }
-            store.atomic_save(theta, out / chunk_name(c), meta)
-            records[c] = recs
-            write_manifest(out, cfg, done(), records, data_info, shard, mine)
-    return store.read_manifest(out, "zoo")
+    return records, data
+
+
+def _same_data(out: Path, recorded: dict[str, Any] | None, loaded: dict[str, Any]) -> dict[str, Any]:
+    """The data record to train with: ``recorded`` (what the zoo in ``out`` was trained on), checked
+    against the data as it loads now (``loaded``), or ``loaded`` for a new zoo.
+
+    Raises:
+        ZooError: the data loads otherwise now (another fingerprint): the zoo cannot be continued.
+    """
+    if recorded is None:
+        return loaded
+    for k in sorted(set(recorded) & set(loaded)):
+        if recorded[k] != loaded[k]:
+            raise ZooError(
+                f"{out / MANIFEST}: was trained on data {recorded[k]} ({k}), but the data now loads as "
+                f"{loaded[k]}; choose another --out"
+            )
+    return recorded
 
 
 def _check_finite(theta: Params, recs: list, cfg: ZooConfig) -> None:

@@ -6,7 +6,9 @@ Hub's cache (book: "Checkpoint zoos").
 
 * ``chunk-00000.safetensors``, ...: the set's chunks, byte for byte (every file still carries the
   sha256 of its header and of its tensors, :mod:`symlib.store`);
-* ``manifest.json``: the set's manifest, plus an ``"export"`` record naming the files below;
+* ``manifest.json``: the set's manifest, plus an ``"export"`` record naming the files below, with the
+  sha256 of the card and of the Croissant description (:data:`ZEROS`: the latter with the manifest's own
+  sha256 in it zeroed, since the description records the manifest's);
 * ``checkpoints.csv`` (:data:`~symlib.zoo.dataset.table.TABLE`, :mod:`~symlib.zoo.dataset.table`): the
   *manifest table*, one row per checkpoint: its index, seed, chunk file and row, preset, scale,
   architecture, recipe and configuration hash, training metrics, test accuracy and the **sha256 of its
@@ -19,10 +21,13 @@ Hub's cache (book: "Checkpoint zoos").
   the table as a record set), validated with ``mlcroissant`` when it is installed.
 
 The folder is still a checkpoint folder: ``symlib.load(folder)`` reads it, after :func:`verify` has
-checked that every chunk matches the table's sha256 and that every cell of the table is what the
-manifest and the chunks record. ``symlib.load("hf://owner/name")`` first resolves the address with
-``huggingface_hub`` (:func:`~symlib.zoo.dataset.hub.resolve`: the Hub's cache, ``HF_HUB_OFFLINE=1``
-honoured). Uploading is one command of the Hub's own client (not run by symlib)::
+checked that every chunk matches the table's sha256, that every cell of the table is what the manifest
+and the chunks record, that every file matches the sha256 the Croissant description records (the
+manifest included) and that the card and the description match the sha256 the manifest records. No
+command writes into a dataset folder (:func:`symlib.store.check_out`).
+``symlib.load("hf://owner/name")`` first resolves the address with ``huggingface_hub``
+(:func:`~symlib.zoo.dataset.hub.resolve`: the Hub's cache, ``HF_HUB_OFFLINE=1`` honoured). Uploading is
+one command of the Hub's own client (not run by symlib)::
 
     hf upload owner/name OUT . --repo-type dataset   # huggingface_hub >= 1.0; older: huggingface-cli upload
 """
@@ -30,12 +35,12 @@ honoured). Uploading is one command of the Hub's own client (not run by symlib):
 from __future__ import annotations
 
 import datetime
-import glob
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from symlib import store
 from symlib.store import MANIFEST, StoreError, file_sha256
@@ -46,6 +51,9 @@ from symlib.zoo.dataset.table import TABLE, check_table, encode, read_table, row
 
 FILES = (TABLE, CARD, CROISSANT)
 """What an export adds to a set's chunks and manifest."""
+ZEROS = "0" * 64
+"""What stands for the manifest's sha256 in the Croissant description when the sha256 of the description
+is computed (the manifest records that sha256, so the description cannot hold the manifest's own)."""
 
 __all__ = [
     "CARD",
@@ -53,6 +61,7 @@ __all__ = [
     "FILES",
     "HF_PREFIX",
     "TABLE",
+    "ZEROS",
     "export",
     "file_sha256",
     "is_dataset",
@@ -84,17 +93,6 @@ def is_dataset(path: str | os.PathLike) -> bool:
     if store.kind_of(path) is None:
         return False
     return "export" in store.read_manifest(path)
-
-
-def _remove_leftovers(parent: Path, name: str) -> None:
-    """Delete the temporary folders that killed exports to ``parent / name`` left (their process is
-    gone; an export still running keeps its own)."""
-    prefix = f".{name}.export-"
-    for tmp in parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        pid = tmp.name[len(prefix): -len(".tmp")]
-        if pid.isdigit() and int(pid) != os.getpid() and store.alive(int(pid)):
-            continue
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export(
@@ -134,64 +132,73 @@ def export(
     src, to = Path(path), Path(to)
     license = check_license(license)
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        what = " (an exported dataset)" if store.exported(to) else ""
         raise StoreError(
-            f"{to}: already exists; an export never overwrites anything: choose another --to or remove it"
+            f"{to}: already exists{what}; an export never overwrites anything: choose another --to or "
+            f"remove it"
         )
     store.check_folder(to, "dataset", "--to")  # under a file, or not writable: before any work
     if to.exists():  # an empty folder, replaced by the rename at the end: its parent must be writable
         store.check_folder(to.parent, "dataset", "--to")
     man = store.read_manifest(src, how=f"export a zoo folder (`symlib zoo train --out {src}`)")
+    if "export" in man:  # a dataset exported again: only as it was exported
+        verify(src)
     table, files = rows(src, man)
-    name = name or to.name
-    to.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(to.parent, to.name)
-    tmp = to.parent / f".{to.name}.export-{os.getpid()}.tmp"
-    tmp.mkdir()
-    try:
-        hashes = {}
-        for f in files:
-            shutil.copyfile(src / f, tmp / f)
-            hashes[f] = file_sha256(tmp / f)
-        for r in table:
-            r["chunk_sha256"] = hashes[r["chunk_file"]]
-        csv = encode(table)
-        # plain writes (mode from the umask): the whole folder appears at once, by the rename below
-        (tmp / TABLE).write_bytes(csv)
-        record = {
-            "table": TABLE, "card": CARD, "croissant": CROISSANT, "name": name, "license": license,
-            "repo": repo,
-            "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "exported_by": store.provenance(),
-        }
-        exported = {**{k: v for k, v in man.items() if k != "export"}, "export": record}
-        recipe = store.architecture(man, str(src))  # a source written before manifests recorded one
-        if recipe is not None:
-            exported["architecture"] = recipe.record()
-        (tmp / MANIFEST).write_text(json.dumps(exported, indent=1))
-        all_hashes = {TABLE: hashlib.sha256(csv).hexdigest(), **hashes}
-        all_hashes[MANIFEST] = file_sha256(tmp / MANIFEST)
-        cr = description(man, table, all_hashes, name, URLS.get(license, license), repo or "", CITATION)
-        (tmp / CROISSANT).write_text(json.dumps(cr, indent=1))
-        (tmp / CARD).write_text(card(man, table, files, name, license, repo or ""))
+    full = (f"nothing was left at {to} (the export is assembled under a temporary name): free some space "
+            f"and export again")
+    with store.assemble(to, "export", full) as tmp:
+        _write(tmp, src, man, table, files, name or to.name, license, repo)
         if validate or validate is None:
             try:
                 validate_croissant(tmp)
             except ImportError:
                 if validate:
                     raise
-        if to.exists():
-            to.rmdir()  # empty (checked above)
-        os.rename(tmp, to)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return to
+
+
+def _write(tmp: Path, src: Path, man: dict[str, Any], table: list[dict[str, Any]], files: list[str],
+              name: str, license: str, repo: str | None) -> None:
+    """Write the dataset folder's files into ``tmp``: the chunks of ``src`` (byte for byte), the table with
+    their sha256, the card, then the manifest with its ``"export"`` record (the sha256 of the card and of
+    the Croissant description, :data:`ZEROS`) and last the Croissant description with the manifest's
+    sha256. Plain writes (mode from the umask): the whole folder appears at once, by the rename."""
+    hashes = {}
+    for f in files:
+        shutil.copyfile(src / f, tmp / f)
+        hashes[f] = file_sha256(tmp / f)
+    for r in table:
+        r["chunk_sha256"] = hashes[r["chunk_file"]]
+    csv = encode(table)
+    (tmp / TABLE).write_bytes(csv)
+    text = card(man, table, files, name, license, repo or "").encode()
+    (tmp / CARD).write_bytes(text)
+    all_hashes = {TABLE: hashlib.sha256(csv).hexdigest(), **hashes, MANIFEST: ZEROS}
+    cr = description(man, table, all_hashes, name, URLS.get(license, license), repo or "", CITATION)
+    record = {
+        "table": TABLE, "card": CARD, "croissant": CROISSANT, "name": name, "license": license,
+        "repo": repo,
+        "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "exported_by": store.provenance(),
+        "sha256": {CARD: hashlib.sha256(text).hexdigest(),
+                   CROISSANT: hashlib.sha256(json.dumps(cr, indent=1).encode()).hexdigest()},
+    }
+    exported = {**{k: v for k, v in man.items() if k != "export"}, "export": record}
+    recipe = store.architecture(man, str(src))  # a source written before manifests recorded one
+    if recipe is not None:
+        exported["architecture"] = recipe.record()
+    (tmp / MANIFEST).write_text(json.dumps(exported, indent=1))
+    next(d for d in cr["distribution"] if d["contentUrl"] == MANIFEST)["sha256"] = file_sha256(tmp / MANIFEST)
+    (tmp / CROISSANT).write_text(json.dumps(cr, indent=1))
 
 
 def verify(path: str | os.PathLike) -> list[dict[str, str]]:
     """Check a dataset folder: its card has its manifest table and symlib manifest, the table lists every
-    chunk of the manifest, every chunk file matches the sha256 the table records, and every cell of the
-    table is what the manifest and the chunks' headers record (:func:`symlib.zoo.dataset.table.check_table`).
+    chunk of the manifest, every chunk file matches the sha256 the table records, every cell of the
+    table is what the manifest and the chunks' headers record (:func:`symlib.zoo.dataset.table.check_table`),
+    every file matches the sha256 the Croissant description records (the manifest included: an edited
+    data fingerprint is named), and the card and the description match the sha256 the manifest's
+    ``"export"`` record holds (an edited card or description is named).
 
     Returns:
         The table's rows.
@@ -217,15 +224,60 @@ def verify(path: str | os.PathLike) -> list[dict[str, str]]:
             f"{path / TABLE}: lists the chunks {sorted(want)[:5]}, the manifest {sorted(listed)[:5]}: the "
             f"table and the manifest belong to different exports; export again"
         )
+    known = {}
     for f, h in sorted(want.items()):
         file = path / f
         if not file.is_file():
             raise StoreError(f"{file}: missing (the manifest table lists it); download the dataset again")
-        got = file_sha256(file)
+        known[f] = got = file_sha256(file)
         if got != h:
             raise StoreError(
                 f"{file}: sha256 {got[:16]}... does not match {h[:16]}..., recorded in {TABLE}: the file was "
                 f"damaged or replaced since the export; download it again (nothing was loaded)"
             )
     check_table(path, man, table)
+    _check_files(path, man, known)
     return table
+
+
+def _edited(file: Path, got: str, want: str, where: str) -> StoreError:
+    return StoreError(
+        f"{file}: sha256 {got[:16]}... does not match {want[:16]}..., recorded in {where} at the export: the "
+        f"file was edited or damaged since; download the dataset again, or export it again with `symlib zoo "
+        f"export` (nothing was loaded)"
+    )
+
+
+def _check_files(path: Path, man: dict[str, Any], known: dict[str, str]) -> None:
+    """Check the files of a dataset folder against the sha256 the export recorded: every file the Croissant
+    description lists (the manifest, the table, the chunks; ``known``: sha256 already computed), then the
+    card and the description against the manifest's ``"export"`` record (the description's with the
+    manifest's sha256 in it zeroed, :data:`ZEROS`; exports written before the record held them are checked
+    against the description only)."""
+    file = path / CROISSANT
+    if not file.is_file():
+        raise StoreError(f"{file}: missing beside the manifest table; download the dataset again")
+    raw = file.read_bytes()
+    try:
+        dist = {d["contentUrl"]: d["sha256"] for d in json.loads(raw)["distribution"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"{file}: unreadable Croissant description ({type(e).__name__}: {e}); download the "
+                         f"dataset again, or export it again") from None
+    for f, want in sorted(dist.items()):
+        if not (path / f).is_file():
+            raise StoreError(f"{path / f}: missing ({CROISSANT} lists it); download the dataset again")
+        got = known.get(f) or file_sha256(path / f)
+        if got != want:
+            raise _edited(path / f, got, want, CROISSANT)
+    recorded = (man.get("export") or {}).get("sha256") or {}
+    if CARD in recorded:
+        if not (path / CARD).is_file():
+            raise StoreError(f"{path / CARD}: missing (the manifest records it); download the dataset again")
+        got = file_sha256(path / CARD)
+        if got != recorded[CARD]:
+            raise _edited(path / CARD, got, recorded[CARD], MANIFEST)
+    if CROISSANT in recorded:
+        blank = raw.replace(str(dist.get(MANIFEST, ZEROS)).encode(), ZEROS.encode())
+        got = hashlib.sha256(blank).hexdigest()
+        if got != recorded[CROISSANT]:
+            raise _edited(file, got, recorded[CROISSANT], f"{MANIFEST} (its own sha256 zeroed)")

@@ -35,7 +35,7 @@ __all__ = ["TABLE", "TYPES", "check_table", "encode", "read_table", "rows"]
 
 def _zoo_rows(src: Path, man: dict[str, Any], full: bool) -> tuple[list[dict[str, Any]], list[str]]:
     from symlib.zoo.cache import _check_complete
-    from symlib.zoo.chunks import check_manifest, check_records, config_of, read_chunk, read_records
+    from symlib.zoo.chunks import check_data, check_manifest, check_records, config_of, read
 
     cfg = config_of(src, man)
     check_manifest(src, man, cfg)
@@ -44,8 +44,10 @@ def _zoo_rows(src: Path, man: dict[str, Any], full: bool) -> tuple[list[dict[str
     out, files = [], []
     for c in range(cfg.n_chunks):
         file = src / chunk_name(c)
-        records = read_chunk(file, cfg, c)[1] if full else read_records(file, cfg, c)
+        got = read(file, cfg, c, full)
+        records = got.records
         check_records(src, man, cfg, c, records)
+        check_data(src, man, chunk_name(c), got.data)
         start, _ = cfg.chunk_range(c)
         files.append(chunk_name(c))
         for r, rec in enumerate(records):

@@ -21,7 +21,9 @@ The package splits the fan-out by concept: :mod:`~symlib.zoo.fanout.plan` (what 
   (what the tests use).
 
 The output folder and the work folder (``OUT/fanout/`` by default) are checked before anything is
-written or submitted, as ``symlib zoo train`` without an executor checks ``--out``.
+written or submitted, as ``symlib zoo train`` without an executor checks ``--out`` (an exported dataset,
+files symlib did not write, another set are refused); a zoo already complete there is checked and
+nothing is written or submitted.
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ def submit(
 
     Running it again with the same arguments continues a fan-out: finished shards are kept, jobs still
     running are watched (not submitted twice), the others are submitted again and resume from their
-    last chunk; a merged zoo is returned as it is.
+    last chunk; a complete zoo in ``out`` (merged, or trained otherwise) is checked and returned as it is:
+    nothing is written or submitted.
 
     Args:
         cfg: the zoo (:func:`symlib.zoo.preset`).
@@ -249,57 +252,21 @@ def submit(
         The :class:`Fanout` (``.manifest``: the merged zoo's manifest when ``wait``).
 
     Raises:
-        ValueError: bad arguments; ZooError: ``out`` is a file, lies under one, is not writable, holds
-            another checkpoint set or chunks of another zoo, or the work folder another fan-out (all
-            checked before anything is written or submitted); SLURM cannot be reached; shards failed.
+        ValueError: bad arguments; ZooError: ``out`` is a file, lies under one, is not writable, is an
+            exported dataset, holds files symlib did not write, another checkpoint set or chunks of another
+            zoo, or the work folder another fan-out or other files (all checked before anything is written
+            or submitted); SLURM cannot be reached; shards failed.
         ImportError: submitit is not installed.
     """
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; choose one of {EXECUTORS}")
-    if not isinstance(n_shards, int) or isinstance(n_shards, bool) or n_shards < 1:
-        raise ValueError(f"n_shards must be an integer >= 1, got {n_shards!r}")
-    if n_shards > cfg.n_chunks:
-        raise ValueError(
-            f"{n_shards} shards for a zoo of {cfg.n_chunks} chunks ({cfg.n_models} models, {cfg.chunk} per "
-            f"chunk): a shard is at least one chunk; use at most {cfg.n_chunks} shards"
-        )
-    _scales.check_int("max_retries", max_retries, 0)
-    _check_seconds("poll_s", poll_s)
-    if timeout_s is not None:
-        _check_seconds("timeout_s", timeout_s)
+    _check_submit(cfg, n_shards, executor, max_retries, poll_s, timeout_s)
     res = resources or Resources()
     out = Path(out)
     work = Path(work) if work is not None else work_dir(out)
-    _check_folders(cfg, out, work)  # before anything is written or submitted
+    old = _check_folders(cfg, out, work)  # before anything is written or submitted
     fo = Fanout(cfg, out, work, n_shards, executor, res, str(device), max_retries, keep_shards)
-    created = None
-    if (work / PLAN).exists():
-        plan = read_plan(work)
-        if plan["config_hash"] != cfg.hash or int(plan["n_shards"]) != n_shards:
-            raise ZooError(
-                f"{work / PLAN}: a fan-out of another zoo or shard count is here (config "
-                f"{plan['config_hash']}, {plan['n_shards']} shards; asked: {cfg.hash}, {n_shards}); choose "
-                f"another --out"
-            )
-        if plan.get("executor") != executor or plan.get("resources") != res.to_dict():
-            fo._executor()  # the new executor can be reached: only then is the plan changed
-            plan["executor"], plan["resources"] = executor, res.to_dict()
-            fo._save_plan(plan)
-    else:
-        fo._executor()  # submitit is there and the executor reachable: before anything is written
-        created = work
-        while not created.parent.exists():
-            created = created.parent
-        work.mkdir(parents=True, exist_ok=True)
-        plan = {
-            "format": PLAN_FORMAT, "kind": "zoo", "config": cfg.to_dict(), "config_hash": cfg.hash,
-            "preset": cfg.preset, "scale": cfg.scale, "n_shards": n_shards, "out": str(out.resolve()),
-            "executor": executor, "resources": res.to_dict(), "device": str(device), "created": now(),
-            "merged": False, "shards": [{"shard": k, "folder": shard_name(k), "jobs": []}
-                                        for k in range(n_shards)],
-            **store.provenance(),
-        }
-        fo._save_plan(plan)
+    if old is not None and old.get("complete") and not old.get("shard"):
+        return _complete(fo)  # like `symlib zoo train`: checked, nothing written or submitted
+    plan, created = _open_plan(fo) if (work / PLAN).exists() else _new_plan(fo)
     st = status(work)
     if st.merged:
         fo.manifest = store.read_manifest(out)
@@ -324,15 +291,97 @@ def submit(
     return fo
 
 
+def _check_submit(cfg: ZooConfig, n_shards: int, executor: str, max_retries: int, poll_s: float,
+                  timeout_s: float | None) -> None:
+    """Refuse :func:`submit`'s arguments before anything is written or submitted: an unknown executor, a
+    shard count that is not an integer from 1 to ``cfg.n_chunks``, a negative ``max_retries``, seconds
+    that are not positive.
+
+    Raises:
+        ValueError: naming the argument.
+    """
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; choose one of {EXECUTORS}")
+    if not isinstance(n_shards, int) or isinstance(n_shards, bool) or n_shards < 1:
+        raise ValueError(f"n_shards must be an integer >= 1, got {n_shards!r}")
+    if n_shards > cfg.n_chunks:
+        raise ValueError(
+            f"{n_shards} shards for a zoo of {cfg.n_chunks} chunks ({cfg.n_models} models, {cfg.chunk} per "
+            f"chunk): a shard is at least one chunk; use at most {cfg.n_chunks} shards"
+        )
+    _scales.check_int("max_retries", max_retries, 0)
+    _check_seconds("poll_s", poll_s)
+    if timeout_s is not None:
+        _check_seconds("timeout_s", timeout_s)
+
+
+def _open_plan(fo: Fanout) -> tuple[dict[str, Any], None]:
+    """The plan of the fan-out already in ``fo.work``, with ``fo``'s executor and resources (saved when
+    they changed, once the new executor is reached); ``(plan, None)``: nothing was created.
+
+    Raises:
+        ZooError: the plan is another zoo's or has another shard count.
+    """
+    work, cfg, n_shards, executor = fo.work, fo.cfg, fo.n_shards, fo.executor
+    plan = read_plan(work)
+    if plan["config_hash"] != cfg.hash or int(plan["n_shards"]) != n_shards:
+        raise ZooError(
+            f"{work / PLAN}: a fan-out of another zoo or shard count is here (config "
+            f"{plan['config_hash']}, {plan['n_shards']} shards; asked: {cfg.hash}, {n_shards}); choose "
+            f"another --out"
+        )
+    if plan.get("executor") != executor or plan.get("resources") != fo.resources.to_dict():
+        fo._executor()  # the new executor can be reached: only then is the plan changed
+        plan["executor"], plan["resources"] = executor, fo.resources.to_dict()
+        fo._save_plan(plan)
+    return plan, None
+
+
+def _new_plan(fo: Fanout) -> tuple[dict[str, Any], Path]:
+    """A new fan-out's plan, written to ``fo.work`` once the executor is reached (every shard without a
+    job yet); ``(plan, created)``, ``created`` the outermost folder this made (removed again when nothing
+    could be submitted)."""
+    work, cfg, n_shards = fo.work, fo.cfg, fo.n_shards
+    fo._executor()  # submitit is there and the executor reachable: before anything is written
+    created = work
+    while not created.parent.exists():
+        created = created.parent
+    work.mkdir(parents=True, exist_ok=True)
+    plan = {
+        "format": PLAN_FORMAT, "kind": "zoo", "config": cfg.to_dict(), "config_hash": cfg.hash,
+        "preset": cfg.preset, "scale": cfg.scale, "n_shards": n_shards, "out": str(fo.out.resolve()),
+        "executor": fo.executor, "resources": fo.resources.to_dict(), "device": fo.device, "created": now(),
+        "merged": False, "shards": [{"shard": k, "folder": shard_name(k), "jobs": []}
+                                    for k in range(n_shards)],
+        **store.provenance(),
+    }
+    fo._save_plan(plan)
+    return plan, created
+
+
 def _check_seconds(name: str, value: Any) -> None:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
-def _check_folders(cfg: ZooConfig, out: Path, work: Path) -> None:
-    """What ``symlib zoo train`` checks of ``--out`` (:func:`symlib.store.check_out`), and that the work
-    folder can be written: refused before any work, nothing written."""
+def _complete(fo: Fanout) -> Fanout:
+    """``fo`` for a zoo already complete in ``fo.out``: every file checked (:func:`symlib.zoo.load`; a
+    damaged chunk is named with ``symlib zoo repair``), nothing written, nothing submitted."""
+    from symlib.zoo.cache import load
+
+    fo.manifest = load(fo.out)[1]
+    return fo
+
+
+def _check_folders(cfg: ZooConfig, out: Path, work: Path) -> dict[str, Any] | None:
+    """What ``symlib zoo train`` checks of ``--out`` (:func:`symlib.store.check_out`: not an exported
+    dataset, no files symlib did not write, no other set), and that the work folder can be written and
+    holds nothing but a fan-out: refused before any work, nothing written.
+
+    Returns:
+        The manifest of ``out`` (``None`` if there is none).
+    """
     old, damaged = store.check_out(out, "zoo")
     if damaged:
         raise ZooError(
@@ -346,4 +395,11 @@ def _check_folders(cfg: ZooConfig, out: Path, work: Path) -> None:
             f"--out"
         )
     store.check_owners(out, "config_hash", cfg.hash, "zoo")
-    store.check_folder(work, "fan-out's work folder", "--out" if work == work_dir(out) else "work folder")
+    option = "--out" if work == work_dir(out) else "work folder"
+    store.check_folder(work, "fan-out's work folder", option)
+    if work.is_dir() and any(work.iterdir()) and not (work / PLAN).is_file():
+        raise ZooError(
+            f"{work}: holds files but no fan-out ({PLAN}); a fan-out never writes beside files it did not "
+            f"write: choose another {option}, or move them out (nothing was written)"
+        )
+    return old

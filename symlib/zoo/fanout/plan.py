@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from symlib import store
+from symlib.store import PLAN, WORK  # a set's folder may hold its fan-out's work folder (store.check_out)
 from symlib.zoo.chunks import ZooError
 
-WORK = "fanout"
-PLAN = "plan.json"
 PLAN_FORMAT = "symlib-fanout/1"
 EXECUTORS = ("local", "slurm")
 
