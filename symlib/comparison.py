@@ -47,12 +47,16 @@ def architecture(manifest: dict[str, Any], where: str = "") -> tuple[str, torch.
 
 def _built(recipe: Any, manifest: dict[str, Any], where: str) -> tuple[str, torch.nn.Module, tuple[int, ...]]:
     if recipe is None:
-        raise store.StoreError(
-            f"{where}: the set of architecture {manifest.get('arch')!r} records no network to rebuild, so "
-            f"its symmetries are unknown; compare it with --symmetries raw, or in Python with a spec"
-        )
+        raise _unknown(manifest, where)
     model = recipe.build()
     return recipe.name, model, recipe.shape(model)
+
+
+def _unknown(manifest: dict[str, Any], where: str) -> store.StoreError:
+    return store.StoreError(
+        f"{where}: the set of architecture {manifest.get('arch')!r} records no network to rebuild, so "
+        f"its symmetries are unknown; compare it with --symmetries raw, or in Python with a spec"
+    )
 
 
 def _describe(path: str, manifest: dict[str, Any], n: int) -> str:
@@ -222,8 +226,8 @@ def compare(
         symlib.ckpt.CheckpointError: the sets share networks, or a set of files repeats one (without
             ``allow_duplicates``).
     """
+    from symlib.ckpt import recipe as recipes
     from symlib.stats import mmd
-    from symlib.symmetry import trace
 
     syms = tuple(symmetries)
     if not syms:
@@ -253,8 +257,10 @@ def compare(
     n_shared = _check_overlap(got_a, got_b, wa, wb, allow_duplicates)
     spec = None
     if any(s != "raw" for s in syms):  # the symmetries of A's architecture (B's has the same tensors)
-        _, model, shape = _built(got_a.recipe, ma, str(a))
-        spec = trace.spec_of(model.to(device, torch.float64), shape)
+        if got_a.recipe is None:
+            raise _unknown(ma, str(a))
+        origin = "--input-shape" if input_shape is not None else f"recorded for {a}"
+        spec = recipes.spec(got_a.recipe, device=device, origin=origin)
     res = mmd.table(pa, {"b": pb}, spec, syms, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
                     seed=seed, progress=progress)
     return Comparison(str(a), str(b), na, nb, arch_a, {s: res[("b", s)] for s in syms}, n_permutations,

@@ -10,6 +10,7 @@ a command is a bug, shown with its traceback (:mod:`symlib.cli`).
   as asked;
 * :class:`ArgumentError`: an argument of the wrong type or an unknown name (also a :class:`TypeError`);
 * :class:`SymmetryError`: a network or parameter set that a symmetry operation cannot handle;
+  :class:`InputShapeError`, one that does not run on an input of the shape it was traced with;
 * :class:`CorruptFileError`: a data file that exists but is damaged.
 
 Each class is also importable from where it is raised (``symlib.store.StoreError``,
@@ -20,7 +21,7 @@ Each class is also importable from where it is raised (``symlib.store.StoreError
 from __future__ import annotations
 
 __all__ = ["USER_ERRORS", "ArgumentError", "CheckpointError", "CorruptFileError", "DamagedError",
-           "StoreError", "SymmetryError"]
+           "InputShapeError", "StoreError", "SymmetryError"]
 
 
 class StoreError(ValueError):
@@ -51,6 +52,11 @@ class ArgumentError(ValueError, TypeError):
 
 class SymmetryError(ValueError):
     """A network or a parameter set that a symmetry operation cannot handle."""
+
+
+class InputShapeError(SymmetryError):
+    """A network that does not run on one input of the shape it was traced with (the tracer's own error
+    is its ``__cause__``)."""
 
 
 class CorruptFileError(ValueError):

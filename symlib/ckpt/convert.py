@@ -41,6 +41,7 @@ from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.recipe import Recipe
 from symlib.ckpt.recipe import spec as recipe_spec
 from symlib.ckpt.state import Reference
+from symlib.errors import SymmetryError
 from symlib.models import registry
 from symlib.params import Params
 
@@ -201,6 +202,11 @@ def import_checkpoints(
     source = {"from": [str(s) for s in ([sources] if isinstance(sources, str | os.PathLike) else sources)],
               "checkpoints": got.sources, "networks_per_checkpoint": got.counts, "files": got.files,
               "key": got.key, "prefix": got.prefix, "imported": _now()}
+    if got.recipe.input_shape is not None:  # the network must run on the shape the set will record
+        try:
+            recipe_spec(got.recipe, origin="--input-shape")
+        except SymmetryError:  # it runs; its symmetries are not traceable (raw comparisons still work)
+            pass
     return write(got.params, out, got.recipe, method="import", n_per_mode=per, source=source)
 
 

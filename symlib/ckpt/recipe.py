@@ -13,17 +13,54 @@ from pathlib import Path
 
 import torch
 
+from symlib.errors import CheckpointError, InputShapeError
 from symlib.models.recipe import BUILDERS, Recipe, from_config, load_factory, parse_shape
 
 __all__ = ["BUILDERS", "Recipe", "from_config", "load_factory", "of_folder", "parse_shape", "spec"]
 
 
-def spec(recipe: Recipe, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"):
-    """The network's symmetries, traced (:func:`symlib.spec_of`) on a freshly built copy of ``recipe``."""
+def spec(recipe: Recipe, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu",
+         origin: str = "given"):
+    """The network's symmetries, traced (:func:`symlib.spec_of`) on a freshly built copy of ``recipe``.
+
+    Args:
+        origin: where the input shape came from, for the message (``"--input-shape"``, ``"recorded by
+            the set's manifest"``).
+
+    Raises:
+        SymmetryError: the network runs but symlib cannot derive its symmetries (the message names the
+            layer).
+        CheckpointError: the network does not run on one input of the recipe's shape (naming the shape,
+            where it came from and what the first layer takes); the tracer's own error is chained for
+            ``--debug``.
+    """
     from symlib.symmetry.trace import spec_of
 
     model = recipe.build()
-    return spec_of(model.to(device, dtype), recipe.shape(model))
+    shape = recipe.shape(model)
+    try:
+        return spec_of(model.to(device, dtype), shape)
+    except InputShapeError as e:  # the forward pass on an input of this shape failed
+        cause = e.__cause__ or e
+        while cause.__cause__ is not None:  # the first error, not the tracer's wrapping of it
+            cause = cause.__cause__
+        e = cause
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise CheckpointError(
+            f"{recipe.describe()} does not run on one input of shape {','.join(map(str, shape))} ({origin}): "
+            f"{type(e).__name__}: {first}; pass the shape of one input without the batch axis "
+            f"(--input-shape, input_shape=){_first_layer(model)}") from e
+
+
+def _first_layer(model: torch.nn.Module) -> str:
+    """``"; its first layer, conv1, takes 3 channels"``: what the first convolution or linear layer reads
+    (empty when it has none)."""
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.modules.conv._ConvNd):
+            return f"; its first layer, {name}, takes {m.in_channels} channels"
+        if isinstance(m, torch.nn.Linear):
+            return f"; its first layer, {name}, takes {m.in_features} features"
+    return ""
 
 
 def of_folder(path: str | os.PathLike) -> Recipe | None:
