@@ -318,5 +318,7 @@ def write_json(comparison: Comparison, path: str | os.PathLike) -> None:
         print(text)
         return
     check_json(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    store.atomic_write_bytes(path, (text + "\n").encode())
+    with store.no_space(Path(path).parent, "the comparison was not saved (an earlier file at this path, if "
+                        "any, is unchanged): free some space and rerun, or pass another --json path"):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        store.atomic_write_bytes(path, (text + "\n").encode())

@@ -54,3 +54,22 @@ def test_a_recorded_wrong_shape_is_one_line_and_debug_shows_the_cause(files, tmp
         cli.main(["--debug", *argv[:3], *argv[5:]])
     assert e.value.__cause__ is not None
     assert isinstance(SmallNet(), torch.nn.Module)
+
+
+def test_a_full_disk_when_compare_writes_its_json_is_one_line(files, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from symlib import store
+
+    def full(path, payload):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "atomic_write_bytes", full)
+    monkeypatch.delenv("SYMLIB_DEBUG", raising=False)
+    argv = ["compare", str(files), str(files), "--model", "ckpt_nets:SmallNet", "--input-shape", "1,8,8",
+            "--symmetries", "raw", "--permutations", "0", "--bootstrap", "0", "--allow-duplicates",
+            "--json", str(tmp_path / "out.json")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no space left on the device" in err and "Traceback" not in err
+    assert not (tmp_path / "out.json").exists()
