@@ -57,9 +57,12 @@ def _shards(folder: Path) -> list[Path]:
         if file.is_file():
             try:
                 weight_map = json.loads(file.read_text())["weight_map"]
-            except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+                shards = set(weight_map.values())  # AttributeError: not an object
+                if not all(isinstance(v, str) for v in shards):
+                    raise TypeError("its weight_map is not an object of file names")
+            except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
                 raise CheckpointError(f"{file}: unreadable index ({type(e).__name__}: {e})") from None
-            shards = sorted(set(weight_map.values()))
+            shards = sorted(shards)
             missing = [s for s in shards if not (folder / s).is_file()]
             if missing:
                 raise CheckpointError(f"{file}: names shards {missing} that are not in {folder} (an "
@@ -79,6 +82,7 @@ def read(folder: str | os.PathLike, trust_pickle: bool = False) -> Parsed:
     cfg = config(folder)
     obj: dict[str, Ref] = {}
     data: dict[str, tuple[Any, int]] = {}
+    records: dict[str, tuple[int, int | None]] = {}
     layout, files, sizes = [], [], []
     for shard in _shards(folder):
         fb = open_bytes(shard)
@@ -96,14 +100,17 @@ def read(folder: str | os.PathLike, trust_pickle: bool = False) -> Parsed:
             if isinstance(ref, Ref):  # storage keys are per shard: make them unique
                 key = f"{shard.name}:{ref.key}"
                 obj[name] = Ref(key, ref.dtype, ref.shape, ref.stride, ref.offset)
-                data[key] = part.data[ref.key]
+                if ref.key in part.data:  # else an error when the tensor is read: a damaged file
+                    data[key] = part.data[ref.key]
+                if ref.key in part.records:  # a zip record's size and checksum (pytorch_model.bin)
+                    records[key] = part.records[ref.key]
             else:
                 obj[name] = ref
     if not obj:
         raise CheckpointError(f"{folder}: its weights hold no tensors")
     return Parsed(str(folder), obj, data, kind(cfg), layout=(json.dumps(cfg, sort_keys=True), *layout)
                   if all(x is not None for x in layout) else None, files=tuple(files), sizes=tuple(sizes),
-                  metadata={"config": json.dumps(cfg, sort_keys=True)})
+                  metadata={"config": json.dumps(cfg, sort_keys=True)}, records=records)
 
 
 def resolve(address: str) -> Path:

@@ -6,6 +6,11 @@ file until :meth:`Parsed.copy` writes them straight into a row of the stacked ou
 state beside the weights, or the tensors of a prefix that is not wanted, are never read. Small files are
 read whole (one system call); large ones are memory-mapped, so only the pages of wanted tensors are
 touched.
+
+Before a tensor's bytes are used they are checked against the file: they must lie inside it and inside
+their storage, and a storage whose file records a CRC-32 (each record of a ``torch.save`` zip archive;
+:attr:`Parsed.records`) is checked against it the first time one of its tensors is read, so a flipped bit
+is an error, never a changed weight.
 """
 
 from __future__ import annotations
@@ -16,16 +21,23 @@ import math
 import mmap
 import os
 import warnings
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["MMAP_ABOVE", "FileBytes", "Parsed", "Ref", "open_bytes"]
+from symlib.ckpt.errors import CheckpointError
+
+__all__ = ["DAMAGED", "MMAP_ABOVE", "FileBytes", "Parsed", "Ref", "check_crc", "open_bytes"]
 
 #: Files larger than this (bytes) are memory-mapped instead of read whole.
 MMAP_ABOVE = 8 << 20
+#: Records up to this size (bytes) are copied to be checked (faster than a view for small ones).
+_COPY_BELOW = 1 << 16
+#: The end of every message about a damaged file: what happened and the fix.
+DAMAGED = "the file is damaged (a bad disk, an interrupted download or copy): copy or save it again"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +68,15 @@ class Ref:
             run *= d
         return all(s == e for s, e, d in zip(self.stride, reversed(expect), self.shape, strict=True) if d > 1)
 
+    @functools.cached_property
+    def span(self) -> int:
+        """Bytes from the first element to the end of the last one (:attr:`nbytes` when contiguous; 0 for
+        an empty tensor)."""
+        if self.contiguous or not math.prod(self.shape):
+            return self.nbytes
+        last = sum((d - 1) * s for d, s in zip(self.shape, self.stride, strict=True))
+        return (1 + last) * self.dtype.itemsize
+
 
 class FileBytes:
     """The bytes of one file: read whole below :data:`MMAP_ABOVE`, memory-mapped above."""
@@ -76,6 +97,28 @@ def open_bytes(path: str | os.PathLike) -> FileBytes:
     """The bytes of ``path`` (:class:`FileBytes`)."""
     return FileBytes(path)
 
+
+def check_crc(path: str, what: str, buf, start: int, size: int, crc: int) -> None:
+    """Check that bytes ``[start, start + size)`` of ``buf``, the bytes of file ``path``, lie inside it and
+    match ``crc`` (a CRC-32, as a zip archive records one per record); ``what`` names the record.
+
+    Raises:
+        CheckpointError: beyond the end of ``buf`` (a truncated file) or another checksum (a damaged one).
+    """
+    if start < 0 or start + size > len(buf):
+        raise CheckpointError(f"{path}: {what}: its bytes [{start}, {start + size}) end beyond the end of "
+                              f"the file ({len(buf)} bytes): a truncated file; {DAMAGED}")
+    if size <= _COPY_BELOW:
+        got = zlib.crc32(buf[start:start + size])
+    else:
+        with memoryview(buf)[start:start + size] as view:  # no copy, also of a memory map
+            got = zlib.crc32(view)
+    if got != crc:
+        raise CheckpointError(f"{path}: {what}: its bytes do not match the CRC-32 checksum the file records "
+                              f"for them ({got:08x}, recorded {crc:08x}); {DAMAGED}")
+
+
+_NO_RECORD = (None, None)
 
 _NP = {
     torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64,
@@ -99,6 +142,10 @@ class Parsed:
         files: the files read (several for a sharded folder).
         sizes: their sizes in bytes.
         metadata: what the file says of itself (a safetensors header's metadata).
+        records: ``{storage key: (bytes, CRC-32 or None)}`` for storages whose size the file records (a
+            zip record of a ``torch.save`` archive and its checksum): a tensor must lie inside its storage,
+            and the storage's bytes must match the checksum (checked once, when a tensor of it is first
+            read). Storages not listed are only checked to lie inside the file.
     """
 
     path: str
@@ -109,27 +156,44 @@ class Parsed:
     files: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+    records: Mapping[str, tuple[int, int | None]] = dataclasses.field(default_factory=dict)
+    _checked: set[str] = dataclasses.field(default_factory=set, init=False, repr=False, compare=False)
 
     def _source(self, ref: Ref) -> tuple[Any, int]:
+        """``(bytes, byte offset of the tensor's first element)``, checked (class docstring: ``records``)."""
         try:
             buf, start = self.data[ref.key]
         except KeyError:
-            from symlib.ckpt.errors import CheckpointError
+            raise CheckpointError(f"{self.path}: tensor storage {ref.key!r} is missing from the file; "
+                                  f"{DAMAGED}") from None
+        begin = ref.offset * ref.dtype.itemsize
+        end = begin + ref.span
+        size, crc = self.records.get(ref.key, _NO_RECORD)
+        if begin < 0 or start + end > len(buf) or (size is not None and end > size):
+            raise self._outside(ref, begin, end, size, len(buf))
+        if crc is not None and ref.key not in self._checked:
+            check_crc(self.path, f"tensor storage {ref.key!r}", buf, start, size, crc)
+            self._checked.add(ref.key)
+        return buf, start + begin
 
-            raise CheckpointError(f"{self.path}: tensor storage {ref.key!r} is missing from the file (a "
-                                  f"truncated or damaged file?)") from None
-        return buf, start + ref.offset * ref.dtype.itemsize
+    def _outside(self, ref: Ref, begin: int, end: int, size: int | None, n: int) -> CheckpointError:
+        """The error for a tensor whose bytes ``[begin, end)`` of its storage (of ``size`` bytes, when
+        known) are not all inside it or inside the file (``n`` bytes)."""
+        what = f"{self.path}: tensor storage {ref.key!r}"
+        if begin < 0:
+            return CheckpointError(f"{what}: a tensor with a negative offset; {DAMAGED}")
+        if size is not None and end > size:
+            return CheckpointError(f"{what} holds {size} bytes, but a tensor of shape {ref.shape} needs "
+                                   f"bytes [{begin}, {end}) of it; {DAMAGED}")
+        return CheckpointError(f"{what}: its bytes end beyond the end of the file ({n} bytes): a truncated "
+                               f"file; {DAMAGED}")
 
     def tensor(self, leaf: Ref | torch.Tensor) -> torch.Tensor:
         """The tensor of ``leaf`` (a view on the file's bytes; copy it before keeping it)."""
         if isinstance(leaf, torch.Tensor):
             return leaf
         buf, start = self._source(leaf)
-        if leaf.contiguous:
-            span = leaf.nbytes
-        else:
-            last = sum((d - 1) * s for d, s in zip(leaf.shape, leaf.stride, strict=True))
-            span = (1 + last) * leaf.dtype.itemsize if math.prod(leaf.shape) else 0
+        span = leaf.span
         raw = np.frombuffer(buf, np.uint8, count=span, offset=start) if span else np.empty(0, np.uint8)
         with warnings.catch_warnings():  # the bytes are only read: a read-only buffer is fine
             warnings.simplefilter("ignore", UserWarning)
