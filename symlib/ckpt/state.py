@@ -32,7 +32,7 @@ from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.lazy import Parsed, Ref
 from symlib.models.recipe import Recipe
 
-__all__ = ["SKIP", "WRAPPERS", "Reference", "Selection", "candidates", "select", "shape_of"]
+__all__ = ["SKIP", "WRAPPERS", "Reference", "Selection", "candidates", "dtype_kind", "select", "shape_of"]
 
 #: Parts of a checkpoint that are never the network's weights (matched in the names of nested keys).
 SKIP = ("optim", "sched", "scaler", "loops", "callbacks", "hyper_parameters", "hparams", "lr_")
@@ -43,6 +43,18 @@ WRAPPERS = ("module.", "_orig_mod.")
 def shape_of(leaf: Ref | torch.Tensor) -> tuple[int, ...]:
     """The shape of a tensor of a file, read or not."""
     return tuple(leaf.shape)
+
+
+def dtype_kind(dtype: torch.dtype) -> str:
+    """``"float"``, ``"complex"``, ``"bool"``, ``"unsigned"`` or ``"signed"``: what a checkpoint's tensor
+    must share with the network's (its precision may differ: a float16 copy of float32 weights loads)."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float"
+    if dtype == torch.bool:
+        return "bool"
+    return "unsigned" if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64) else "signed"
 
 
 def _is_tensor(x: Any) -> bool:
@@ -58,11 +70,14 @@ class Reference:
         ties: ``{name: (name, other names)}`` for tensors that are one object under several names (tied
             weights): a file may hold any one of them.
         what: the architecture, for messages.
+        kinds: ``{name: kind}`` of each tensor's dtype (:func:`dtype_kind`); a file's tensor of another
+            kind (a float weight read as integers: a damaged header) is refused.
     """
 
     shapes: dict[str, tuple[int, ...]]
     ties: dict[str, tuple[str, ...]]
     what: str
+    kinds: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def names(self, k: str) -> tuple[str, ...]:
         """``k`` and the names tied to it."""
@@ -76,7 +91,8 @@ class Reference:
         for k, v in sd.items():
             groups.setdefault(id(v), []).append(k)
         ties = {k: (k, *[o for o in g if o != k]) for g in groups.values() if len(g) > 1 for k in g}
-        return cls({k: tuple(v.shape) for k, v in sd.items()}, ties, what or type(model).__name__)
+        return cls({k: tuple(v.shape) for k, v in sd.items()}, ties, what or type(model).__name__,
+                   {k: dtype_kind(v.dtype) for k, v in sd.items()})
 
     @classmethod
     def of_recipe(cls, recipe: Recipe) -> Reference:
@@ -221,6 +237,11 @@ def _n_stacked(parsed: Parsed, sd: Mapping, names: dict[str, str], ref: Referenc
     counts = set()
     for k, n in names.items():
         have, want = shape_of(sd[n]), ref.shapes[k]
+        kind = dtype_kind(sd[n].dtype)
+        if ref.kinds.get(k, kind) != kind:
+            raise CheckpointError(f"{parsed.path}: tensor {n!r} holds {str(sd[n].dtype)[6:]} values, but "
+                                  f"{ref.what} has {ref.kinds[k]} values for {k!r}: the file's header is "
+                                  f"damaged, or it is another network's")
         if have == want:
             counts.add(None)
         elif len(have) == len(want) + 1 and have[1:] == want:

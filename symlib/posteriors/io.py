@@ -129,9 +129,34 @@ def identity(
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a posterior sample set, checked to be one (:class:`symlib.store.StoreError`
-    otherwise)."""
-    return store.read_manifest(path, KIND, f"produce the set with `symlib posterior sample --out {path}`")
+    """The manifest of a posterior sample set, checked to be one and to hold the fields every reader uses
+    (:class:`symlib.store.StoreError` naming the field otherwise)."""
+    man = store.read_manifest(path, KIND, f"produce the set with `symlib posterior sample --out {path}`")
+    _check_fields(Path(path) / MANIFEST, man)
+    return man
+
+
+#: The fields of a sample set's manifest that readers use, and the type of each.
+FIELDS = {"method": str, "set_hash": str, "n_modes": int, "n_per_mode": int, "n_samples": int, "chunk": int,
+          "chunks": list}
+
+
+def _check_fields(file: Path, man: dict[str, Any]) -> None:
+    fix = ("the manifest was edited or damaged: restore it, or rerun the command that wrote the set with "
+           "the same arguments to rewrite it")
+    for key, kind in FIELDS.items():
+        value = man.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            got = "missing" if key not in man else f"{type(value).__name__} {value!r}"[:80]
+            raise StoreError(f"{file}: field {key!r} should be a {kind.__name__}, is {got}; {fix}")
+    if man["chunk"] < 1 or man["n_samples"] < 1:
+        raise StoreError(f"{file}: 'chunk' and 'n_samples' must be positive, are {man['chunk']} and "
+                         f"{man['n_samples']}; {fix}")
+    for ch in man["chunks"]:
+        good = isinstance(ch, dict) and isinstance(ch.get("chunk"), int) and isinstance(ch.get("file"), str)
+        if not good:
+            raise StoreError(f"{file}: a record of 'chunks' is {str(ch)[:80]}, not {{'chunk': int, 'file': "
+                             f"str, ...}}; {fix}")
 
 
 def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:

@@ -392,8 +392,6 @@ def test_flipped_bytes_in_symlib_folders_are_the_original_weights_or_an_error(ki
     assert errors > 0
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="symlib/posteriors/io.py load_params reads "
-                   "man['n_samples'], man['chunk'] and man['chunks'] unchecked: a damaged key is a KeyError")
 @pytest.mark.parametrize("key", ["n_samples", "chunk", "chunks"])
 def test_a_damaged_key_of_a_sample_set_manifest_is_a_clear_error(key, tmp_path):
     io.save(_sample_set(), tmp_path / "set", chunk=2)
@@ -401,3 +399,17 @@ def test_a_damaged_key_of_a_sample_set_manifest_is_a_clear_error(key, tmp_path):
     manifest.write_text(manifest.read_text().replace(f'"{key}"', f'"{key[0]}#{key[2:]}"', 1))
     with pytest.raises(symlib.store.StoreError, match=r"manifest\.json"):
         symlib.load(tmp_path / "set")
+
+
+@pytest.mark.parametrize("flip", [("F32", "I32"), ("F32", "U32")])
+def test_a_flipped_dtype_letter_in_a_safetensors_header_is_refused(flip, tmp_path):
+    """"F32" -> "I32" makes a valid file whose float weights read as integers: with the network known, the
+    tensor's kind (float, integer, ...) must be the network's."""
+    from safetensors.torch import save_file
+
+    sd = {k: v.contiguous() for k, v in SmallNet().state_dict().items()}
+    save_file(sd, tmp_path / "net.safetensors")
+    file = tmp_path / "net.safetensors"
+    file.write_bytes(file.read_bytes().replace(f'"{flip[0]}"'.encode(), f'"{flip[1]}"'.encode(), 1))
+    with pytest.raises(symlib.errors.CheckpointError, match=r"holds u?int32 values, but .* float values"):
+        symlib.load_checkpoints(tmp_path / "net.safetensors", model=SmallNet())
