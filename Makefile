@@ -251,15 +251,18 @@ clean:
 # The teaching kit (book/course/in_class.md). Slides: one reveal.js deck per chapter of _toc.yml, from its
 # committed notebook (course/slides.py says what goes on a slide), offline. Assignments: the
 # computational exercises as nbgrader notebooks with hidden tests, graded at SCALE; `make grade` grades
-# a folder of submissions locally (no docker), JOBS at a time, into build/grades/.
+# a folder of submissions locally (no docker), JOBS at a time, into build/grades/, merging into the table
+# there (FRESH=1 starts it over; TIMEOUT=<s> sets a cell's time limit). Each writes only into a folder it
+# made (.symlib-course.json) or an empty one, and refuses, exit status 2, before writing anything.
 slides: $(VENV)/.installed
 	$(PY) -m course slides --out $(BUILD)/slides
 	echo "The decks are at file://$(CURDIR)/$(BUILD)/slides/index.html"
 
 assignments: $(VENV)/.installed
-	$(PY) -m course assignments --course $(BUILD)/assignments --scale $(SCALE)
+	$(PY) -m course assignments --course $(BUILD)/assignments --scale $(SCALE) $(if $(TIMEOUT),--timeout $(TIMEOUT))
 	echo "Hand out $(BUILD)/assignments/release/<chapter>/<chapter>.ipynb"
 
 grade: $(VENV)/.installed
 	if [ -z "$(SUBMISSIONS)" ]; then echo "make grade SUBMISSIONS=<folder>: <folder>/<student>/<chapter>.ipynb" >&2; exit 2; fi
-	$(PY) -m course grade "$(SUBMISSIONS)" --course $(BUILD)/assignments --out $(BUILD)/grades --jobs $(JOBS)
+	$(PY) -m course grade "$(SUBMISSIONS)" --course $(BUILD)/assignments --out $(BUILD)/grades --jobs $(JOBS) \
+	  $(if $(TIMEOUT),--timeout $(TIMEOUT)) $(if $(FRESH),--fresh)

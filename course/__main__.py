@@ -1,5 +1,8 @@
 """``python -m course <tool> [options]``: the teaching kit's command-line tools (``make slides``,
-``make assignments``, ``make grade``). ``python -m course <tool> --help`` gives a tool's options."""
+``make assignments``, ``make grade``). ``python -m course <tool> --help`` gives a tool's options.
+
+A problem with the command line or its inputs (an unknown chapter, a folder the tool did not make)
+ends the tool before it writes anything, with one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -27,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in TOOLS:
         print(f"{_usage()}\n\npython -m course: unknown tool {argv[0]!r}", file=sys.stderr)
         return 2
-    return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
+    from .output import CourseError
+
+    try:
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
+    except CourseError as e:  # a problem with the command line or its inputs: one line, no traceback
+        print(f"python -m course {argv[0]}: error: {e.message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -24,8 +24,18 @@ the exception a student may edit (the release says ``scale = "tiny"``, for a lap
 back the source's, the scale given to ``make assignments`` (``SCALE``, ``cpu`` by default, the scale
 at which the committed chapters ran, and so checked, every solution).
 
-``make grade SUBMISSIONS=dir`` grades a folder of submissions (:mod:`course.grading`). A chapter
-without computational exercises gets no assignment.
+An exercise whose tests assert nothing at the grading scale (``if scale != "tiny":`` around every
+assert) is not graded in that build: its answer cell stays, for practice, with no test cell, so it is
+not in the gradebook and nobody passes it by doing nothing; ``exercises.json`` lists it under
+``ungraded`` and ``release/RELEASE.md`` (and ``release/<name>/RELEASE.md``), the release notes for the
+students, says so. Each chapter's cell time limit for the grading (``timeouts`` in ``exercises.json``)
+is :data:`TIMEOUT_FACTOR` times the slowest cell of its executed notebook at the scale, at least
+:data:`TIMEOUT_FLOOR_S` (:func:`cell_timeout`; ``--timeout`` sets one for all).
+
+The course folder is new, empty, or one this tool made (:mod:`course.output`): the course is built in
+a temporary folder and replaces only the files an earlier build wrote; the chapters' names are checked
+first. ``make grade SUBMISSIONS=dir`` grades a folder of submissions (:mod:`course.grading`). A
+chapter without computational exercises, or none graded at the scale, gets no assignment.
 
 nbgrader, not otter-grader: nbgrader grades on the teacher's machine with a Jupyter kernel and
 nothing else (otter's ``otter grade`` runs every submission in a docker container; its local
@@ -42,19 +52,18 @@ import ast
 import json
 import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ROOT
 from .asserts import active_asserts, has_assert, split_asserts
-from .book import executed_chapters, scan_notebook
+from .book import scan_notebook, select_chapters
 from .notebooks import read, source, tags, write
+from .output import CourseError, Output
 
 COURSE = ROOT / "build/assignments"
 STUDENT_SCALE = "tiny"
-TIMEOUT_S = 1800  # per cell: the gentle example's exercises train thousands of networks
 
 _EXERCISE = re.compile(r"^\s*(?:`{3,}|:{3,})\s*\{exercise\}\s*(?P<title>.*)\n(?P<opts>(?:\s*:[\w-]+:.*\n)*)",
                        re.M)
@@ -70,6 +79,7 @@ class Exercise:
     answer: list[str] = field(default_factory=list)
     tests: list[str] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)
+    graded: bool = True  # False: its tests assert nothing at the grading scale (left out of the gradebook)
 
 
 def solution_index(nb: dict) -> list[list[int | None]]:
@@ -175,9 +185,21 @@ def _set_scale(source: str, scale: str) -> str:
     return re.sub(r"^scale\s*=\s*['\"]\w+['\"]", f'scale = "{scale}"', source, count=1, flags=re.M)
 
 
+def asserts_at(ex: Exercise, scale: str) -> bool:
+    """Whether some test of ``ex`` asserts something at ``scale`` (the ``if scale != "tiny":`` guards
+    of the chapter's solutions evaluated)."""
+    return any(active_asserts(t, {"scale": scale}) for t in ex.tests)
+
+
 def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercise]]:
-    """The teacher's nbgrader notebook of chapter ``name`` (executed notebook ``nb``), graded at ``scale``."""
+    """The teacher's nbgrader notebook of chapter ``name`` (executed notebook ``nb``), graded at ``scale``.
+
+    An exercise whose tests assert nothing at ``scale`` is not graded (``graded`` False): it keeps its
+    answer cell, for practice, and says so, but gets no test cell, so it is not in the gradebook and
+    no notebook can pass it by doing nothing."""
     exs = exercises(nb)
+    for ex in exs:
+        ex.graded = asserts_at(ex, scale)
     by_label = {ex.label: ex for ex in exs}
     index = solution_index(nb)
     labels: dict[int, str] = {}
@@ -208,13 +230,20 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
                 continue
             placed.add(label)
             reads = ", ".join(f"`{r}`" for r in ex.reads) or "the names the exercise asks for"
-            cells.append(_markdown(f"**Your answer to *{ex.title}*.** Write it in the cell below; it is "
-                                   f"graded by hidden tests, which read {reads} from your code.\n"))
+            if ex.graded:
+                cells.append(_markdown(f"**Your answer to *{ex.title}*.** Write it in the cell below; it is "
+                                       f"graded by hidden tests, which read {reads} from your code.\n"))
+            else:
+                cells.append(_markdown(f"**Your answer to *{ex.title}*.** Not graded in this release: at the "
+                                       f"`{scale}` scale of the grading its tests check nothing (see "
+                                       "RELEASE.md). Write it in the cell below for practice.\n"))
             cells.append(_code("### BEGIN SOLUTION\n" + "\n\n".join(ex.answer) + "\n### END SOLUTION\n",
                                _nbgrader(label, solution=True)))
-            cells.append(_code(f"# The tests of {label}: hidden, they run when the notebook is graded.\n"
-                               "### BEGIN HIDDEN TESTS\n" + "\n".join(ex.tests) + "\n### END HIDDEN TESTS\n",
-                               _nbgrader(f"{label}-tests", grade=True, locked=True, points=1)))
+            if ex.graded:
+                cells.append(_code(f"# The tests of {label}: hidden, they run when the notebook is graded.\n"
+                                   "### BEGIN HIDDEN TESTS\n" + "\n".join(ex.tests) +
+                                   "\n### END HIDDEN TESTS\n",
+                                   _nbgrader(f"{label}-tests", grade=True, locked=True, points=1)))
             continue
         src = source(cell)
         if "parameters" in cell_tags:
@@ -231,15 +260,79 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
 # nbgrader
 # --------------------------------------------------------------------------------------------------
 
-CONFIG = f"""\
-# nbgrader's settings for this course (written by course/assignments.py): run nbgrader's own
-# commands from this folder, e.g. `nbgrader autograde <chapter>`, `nbgrader generate_feedback <chapter>`.
+SCALES = ("tiny", "cpu", "paper")  # in growing cost
+TIMEOUT_FLOOR_S = 60
+TIMEOUT_FACTOR = 3
+TIMEOUT_UNMEASURED_S = 1800
+# Where executed chapters lie, with the time of every cell: the book's (`make book`, at its SCALE) and
+# `make check`'s (scale tiny).
+MEASURED = ("book", "build/check/nb")
+
+
+def cell_seconds(nb: dict) -> list[float]:
+    """How long each code cell of an executed notebook ran (papermill's record, else the kernel's
+    timestamps); cells without a record are left out."""
+    from datetime import datetime
+
+    out = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        meta = cell.get("metadata", {})
+        duration = meta.get("papermill", {}).get("duration")
+        if duration is None:
+            ex = meta.get("execution", {})
+            try:
+                start, end = (datetime.fromisoformat(ex[k].replace("Z", "+00:00"))
+                              for k in ("iopub.execute_input", "shell.execute_reply"))
+            except (KeyError, ValueError):
+                continue
+            duration = (end - start).total_seconds()
+        out.append(float(duration))
+    return out
+
+
+def cell_timeout(name: str, scale: str, root: Path = ROOT) -> tuple[int, str]:
+    """The time limit of every cell when chapter ``name`` is graded at ``scale``, and how it was found:
+    :data:`TIMEOUT_FACTOR` times the slowest cell of the chapter as executed at ``scale`` (a larger
+    scale's run, an upper bound, where none at ``scale`` is found under :data:`MEASURED`), at least
+    :data:`TIMEOUT_FLOOR_S`; :data:`TIMEOUT_UNMEASURED_S` when no run was found."""
+    import math
+
+    found: dict[str, tuple[float, Path]] = {}
+    for folder in MEASURED:
+        path = Path(root) / folder / f"{name}.ipynb"
+        if not path.is_file():
+            continue
+        try:
+            nb = read(path)
+        except ValueError:
+            continue
+        ran_at = nb.get("metadata", {}).get("papermill", {}).get("parameters", {}).get("scale")
+        seconds = cell_seconds(nb)
+        if ran_at in SCALES and seconds and ran_at not in found:
+            found[ran_at] = (max(seconds), path)
+    for ran_at in SCALES[SCALES.index(scale):]:
+        if ran_at in found:
+            slowest, path = found[ran_at]
+            limit = max(TIMEOUT_FLOOR_S, math.ceil(TIMEOUT_FACTOR * slowest))
+            return limit, (f"{TIMEOUT_FACTOR} x the slowest cell of {path.relative_to(root)} "
+                           f"({slowest:.1f} s at scale {ran_at}), at least {TIMEOUT_FLOOR_S} s")
+    return TIMEOUT_UNMEASURED_S, f"no executed book/{name}.ipynb at scale {scale} or larger to measure"
+
+
+def nbgrader_config(timeout: int) -> str:
+    """The course's ``nbgrader_config.py``, with a cell time limit of ``timeout`` seconds."""
+    return f"""\
+# nbgrader's settings for this course (written by `python -m course assignments`): run nbgrader's own
+# commands from a copy of this folder, e.g. `nbgrader autograde <chapter>` (they write the gradebook, which
+# `python -m course assignments` then refuses to overwrite).
 import os
 
 c = get_config()  # noqa: F821
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\n"}}
-c.Execute.timeout = {TIMEOUT_S}  # seconds per cell
+c.Execute.timeout = {int(timeout)}  # seconds per cell (`python -m course grade` sets each chapter's own)
 c.Execute.kernel_name = "python3"
 """
 
@@ -266,61 +359,115 @@ def _api(course: Path):
 
 def _check(result: dict, what: str) -> None:
     if not result.get("success"):
-        raise SystemExit(f"nbgrader {what} failed:\n{result.get('log', '')}\n{result.get('error', '')}")
+        raise SystemExit(f"nbgrader {what} failed (nothing was written to the course folder):\n"
+                         f"{result.get('log', '')}\n{result.get('error', '')}")
+
+
+def release_notes(scale: str, exs: dict[str, list[Exercise]], timeouts: dict[str, int],
+                  chapters: list[str] | None = None) -> str:
+    """``RELEASE.md``, for the students: what is graded, what is not and why, and the time limits."""
+    chapters = list(exs) if chapters is None else chapters
+    lines = ["# Release notes", "",
+             f"Your notebooks are graded at the `{scale}` scale: the grading puts back the parameters cell "
+             "of the chapter (your copy says `scale = \"tiny\"`, for a laptop) and the chapter's own code, "
+             "runs the notebook from start to end, and gives one point per graded exercise whose hidden "
+             "tests all pass.", ""]
+    for name in chapters:
+        graded = [ex for ex in exs[name] if ex.graded]
+        ungraded = [ex for ex in exs[name] if not ex.graded]
+        if not exs[name]:
+            continue
+        lines += [f"## {name}", ""]
+        if graded:
+            lines += [f"Graded ({len(graded)}): " + ", ".join(f"*{ex.title}* (`{ex.label}`)" for ex in graded)
+                      + ".", "", f"Each cell of the notebook may run for at most {timeouts[name]} s when "
+                      "graded; a cell that runs longer (an endless loop, say) is stopped, and what it "
+                      "should have defined is missing for the cells after it.", ""]
+        else:
+            lines += ["No assignment in this release: none of its exercises is graded (below).", ""]
+        if ungraded:
+            lines += [f"Not graded in this release: at the `{scale}` scale the tests of these exercises "
+                      "check nothing (their claims need more networks than this scale trains), so they "
+                      "count for nothing, neither passed nor failed; do them for practice:", ""]
+            lines += [f"* *{ex.title}* (`{ex.label}`)" for ex in ungraded] + [""]
+    return "\n".join(lines)
 
 
 def build(course: Path = COURSE, scale: str = "cpu", names: list[str] | None = None,
-          root: Path = ROOT) -> dict:
-    """Write the source notebooks and make nbgrader's student versions. Returns, per chapter, its
-    exercise labels."""
-    names = executed_chapters(root) if names is None else names
-    if course.exists():
-        shutil.rmtree(course)
-    (course / "source").mkdir(parents=True)
-    (course / "nbgrader_config.py").write_text(CONFIG)
-    made, vacuous = {}, []
-    for name in names:
-        nb = read(root / "book" / f"{name}.ipynb")
-        src, exs = source_notebook(name, nb, scale)
-        for ex in exs:
-            if not ex.tests or not any(active_asserts(t, {"scale": scale}) for t in ex.tests):
-                vacuous.append(f"{name}:{ex.label}")
-        (course / "source" / name).mkdir()
-        write(course / "source" / name / f"{name}.ipynb", src)
-        made[name] = [ex.label for ex in exs]
-    without = [n for n, labels in made.items() if not labels]
-    graded = [n for n in names if n not in without]
-    api = _api(course)
-    for name in graded:
-        _check(api.generate_assignment(name, force=True, create=True), f"generate_assignment {name}")
-        rel = course / "release" / name / f"{name}.ipynb"
-        nb = read(rel)
-        for cell in nb["cells"]:  # students run the chapter at a laptop's scale; grading uses the source's
-            if "parameters" in tags(cell):
-                cell["source"] = _set_scale(source(cell), STUDENT_SCALE)
-                cell["metadata"]["editable"] = True
-        write(rel, nb)
-    for name in without:
-        shutil.rmtree(course / "source" / name)
-    if vacuous:
-        print(f"warning: at scale {scale!r} these exercises' tests assert nothing (grade at a larger SCALE, "
-              f"or add an assert to the solution in notebooks/<name>.md): {', '.join(vacuous)}",
-              file=sys.stderr)
-    (course / "exercises.json").write_text(json.dumps({"scale": scale, "chapters": made}, indent=1) + "\n")
+          root: Path = ROOT, timeout: int | None = None) -> dict:
+    """Write the source notebooks and make nbgrader's student versions. Returns, per chapter, the labels
+    of its graded exercises.
+
+    Everything is checked (the chapters' names, ``scale``, ``course`` being new, empty or made by this
+    tool) before anything is written; the course is made in a temporary folder and moved into ``course``
+    once complete, replacing only what an earlier build wrote (:class:`course.output.Output`).
+    ``timeout``: the cell time limit of the grading (default: :func:`cell_timeout`, per chapter)."""
+    if scale not in SCALES:
+        raise CourseError(f"--scale {scale!r}: expected one of {', '.join(SCALES)}")
+    if timeout is not None and timeout <= 0:
+        raise CourseError(f"--timeout {timeout}: give the seconds a cell may run, a positive number")
+    names = select_chapters(names, root)
+    output = Output(course, "assignments", "--course")
+    output.check_replace()
+    notebooks = {name: read(root / "book" / f"{name}.ipynb") for name in names}
+    with output.stage() as tmp:
+        stage = Path(tmp)
+        (stage / "source").mkdir()
+        made, ungraded, all_exs, timeouts = {}, {}, {}, {}
+        for name in names:
+            src, exs = source_notebook(name, notebooks[name], scale)
+            all_exs[name] = exs
+            made[name] = [ex.label for ex in exs if ex.graded]
+            if len(made[name]) < len(exs):
+                ungraded[name] = {ex.label: ex.title for ex in exs if not ex.graded}
+            if made[name]:
+                (stage / "source" / name).mkdir()
+                write(stage / "source" / name / f"{name}.ipynb", src)
+                timeouts[name] = timeout or cell_timeout(name, scale, root)[0]
+        (stage / "nbgrader_config.py").write_text(nbgrader_config(max(timeouts.values(), default=timeout or
+                                                                      TIMEOUT_FLOOR_S)))
+        graded = [n for n in names if made[n]]
+        api = _api(stage)
+        for name in graded:
+            _check(api.generate_assignment(name, force=True, create=True), f"generate_assignment {name}")
+            rel = stage / "release" / name / f"{name}.ipynb"
+            nb = read(rel)
+            for cell in nb["cells"]:  # students run the chapter at a laptop's scale; grading, the source's
+                if "parameters" in tags(cell):
+                    cell["source"] = _set_scale(source(cell), STUDENT_SCALE)
+                    cell["metadata"]["editable"] = True
+            write(rel, nb)
+            (stage / "release" / name / "RELEASE.md").write_text(
+                release_notes(scale, all_exs, timeouts, [name]), encoding="utf-8")
+        (stage / "release").mkdir(exist_ok=True)
+        notes = release_notes(scale, all_exs, timeouts)
+        (stage / "release" / "RELEASE.md").write_text(notes, encoding="utf-8")
+        meta = {"scale": scale, "chapters": made, "ungraded": ungraded, "timeouts": timeouts}
+        (stage / "exercises.json").write_text(json.dumps(meta, indent=1) + "\n")
+        output.commit(stage, scale=scale)
     return made
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course assignments",
                                      description="nbgrader assignments from the computational exercises.")
-    parser.add_argument("--course", type=Path, default=COURSE, help="the nbgrader course folder")
+    parser.add_argument("--course", type=Path, default=COURSE,
+                        help="the nbgrader course folder: new, empty, or made by this tool")
     parser.add_argument("--scale", default=os.environ.get("SCALE", "cpu"), help="the scale of the grading")
+    parser.add_argument("--timeout", type=int, default=None,
+                        help=f"seconds a cell may run when graded (default, per chapter: {TIMEOUT_FACTOR} x "
+                             "the slowest cell of its executed notebook at the scale, at least "
+                             f"{TIMEOUT_FLOOR_S} s)")
     parser.add_argument("chapters", nargs="*", help="chapters (default: every chapter of _toc.yml)")
     args = parser.parse_args(argv)
-    if args.scale not in ("tiny", "cpu", "paper"):
-        raise SystemExit(f"--scale {args.scale!r}: expected tiny, cpu or paper")
-    made = build(args.course.resolve(), args.scale, args.chapters or None)
+    made = build(args.course, args.scale, args.chapters or None, timeout=args.timeout)
+    meta = json.loads((args.course / "exercises.json").read_text())
     for name, labels in made.items():
         where = args.course / "release" / name / f"{name}.ipynb"
-        print(f"{name}: {len(labels)} graded exercise(s)" + (f", {where}" if labels else ""))
+        skipped = meta["ungraded"].get(name, {})
+        print(f"{name}: {len(labels)} graded exercise(s)" + (f", {where}" if labels else "")
+              + (f", cells stopped after {meta['timeouts'][name]} s" if labels else "")
+              + (f"; not graded at scale {args.scale} (their tests check nothing there): "
+                 f"{', '.join(skipped)}" if skipped else ""))
+    print(f"Release notes for the students: {args.course / 'release' / 'RELEASE.md'}")
     return 0

@@ -188,6 +188,32 @@ def executed_chapters(root: Path) -> list[str]:
     return [n for n in toc_chapters(root) if (Path(root) / "book" / f"{n}.ipynb").is_file()]
 
 
+def select_chapters(names: list[str] | None, root: Path) -> list[str]:
+    """The chapters a course tool was asked for (every executed chapter when ``names`` is empty), checked
+    before anything is written: an unknown name, or a chapter without its executed notebook, is a
+    :class:`course.output.CourseError` that names it and the fix."""
+    import difflib
+
+    from .output import CourseError
+
+    executed = executed_chapters(root)
+    if not names:
+        if not executed:
+            raise CourseError("no chapter to work on: _toc.yml lists no book/<name> with an executed "
+                              "book/<name>.ipynb (run `make chapters`)")
+        return executed
+    known = toc_chapters(root)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise CourseError(f"unknown chapter {name!r}: {hint}the chapters are {', '.join(known)}")
+        if name not in executed:
+            raise CourseError(f"chapter {name!r} has no executed notebook book/{name}.ipynb: run "
+                              f"`make chapters CHAPTERS={name}` first")
+    return list(dict.fromkeys(names))
+
+
 # --------------------------------------------------------------------------------------------------
 # Launch buttons from the repository URL
 # --------------------------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ notebooks of every chapter of ``_toc.yml`` that has an executed notebook ``book/
 ``<out>/src`` and builds them in one Sphinx run with the ``revealjs`` builder of sphinx-revealjs,
 myst-nb (which reads the deck notebooks, outputs and ``glue`` values included, and executes nothing),
 sphinx-proof, sphinx-exercise and sphinxcontrib-bibtex, so that a slide renders the chapter's MyST as
-the book does. The decks are ``<out>/<name>.html`` and ``<out>/index.html`` lists them. reveal.js
+the book does. The decks are ``<out>/<name>.html`` and ``<out>/index.html`` lists them. ``<out>`` is
+new, empty or made by this tool (its marker ``.symlib-course.json``): the build happens in a
+temporary folder and replaces only the files an earlier build wrote (:mod:`course.output`); an
+unknown chapter name is refused before anything is written. reveal.js
 (shipped inside the sphinx-revealjs wheel) and MathJax 3 (the django-static-mathjax wheel, as for
 the book) are copied next to them: the decks open from ``file://`` with no network. The build is
 strict: a Sphinx warning fails it.
@@ -29,8 +32,9 @@ import time
 from pathlib import Path
 
 from . import ROOT, slides
-from .book import executed_chapters
+from .book import select_chapters
 from .notebooks import read
+from .output import Output
 
 
 def _mathjax_dir() -> Path:
@@ -129,15 +133,25 @@ def setup(app):
 
 def build(out: Path, root: Path = ROOT, names: list[str] | None = None,
           quiet: bool = True) -> dict[str, Path]:
-    """Write the deck notebooks under ``out/src`` and build every deck into ``out/<name>.html``."""
+    """Write the deck notebooks under ``out/src`` and build every deck into ``out/<name>.html``.
+
+    ``out`` must be new, empty or made by this tool (:class:`course.output.Output`); the decks are
+    built in a temporary folder and moved into ``out`` once the build succeeded, replacing only the
+    files an earlier build wrote there."""
+    names = select_chapters(names, root)
+    output = Output(out, "slides", "--out")
+    output.check_replace()
+    with output.stage() as tmp:
+        stage = Path(tmp) / "out"
+        _build(stage, Path(tmp) / "doctrees", root, names, quiet)
+        output.commit(stage, chapters=names)
+    return {n: output.folder / f"{n}.html" for n in names}
+
+
+def _build(out: Path, doctrees: Path, root: Path, names: list[str], quiet: bool) -> None:
     from sphinx.application import Sphinx
 
-    names = executed_chapters(root) if names is None else names
-    if not names:
-        raise SystemExit("no chapter to make slides of: _toc.yml lists no book/<name> with book/<name>.ipynb")
     src = out / "src"
-    if src.exists():
-        shutil.rmtree(src)
     (src / "_static").mkdir(parents=True)
     shutil.copytree(_mathjax_dir(), src / "_static/mathjax",
                     ignore=shutil.ignore_patterns("*.map", "tex-chtml*.js", "tex-svg*.js", "tex-mml-svg.js",
@@ -160,13 +174,13 @@ def build(out: Path, root: Path = ROOT, names: list[str] | None = None,
     index += [f"* {{doc}}`{d.title} <{n}>`" for n, d in decks.items()]
     index += ["", "```{toctree}", ":hidden:", "", *names, "```", ""]
     (src / "index.md").write_text("\n".join(index), encoding="utf-8")
-    app = Sphinx(str(src), None, str(out), str(out / ".doctrees"), "revealjs",
+    app = Sphinx(str(src), None, str(out), str(doctrees), "revealjs",
                  confoverrides=sphinx_config(src), status=None if quiet else sys.stdout, warning=sys.stderr,
                  freshenv=True, warningiserror=True, keep_going=True)
     app.build()
     if app.statuscode:
-        raise SystemExit(f"the slides' build failed (status {app.statuscode}); see the warnings above")
-    return {n: out / f"{n}.html" for n in names}
+        raise SystemExit(f"the slides' build failed (status {app.statuscode}); see the warnings above; "
+                         "nothing was written to the output folder")
 
 
 def main(argv: list[str] | None = None) -> int:

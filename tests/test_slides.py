@@ -167,6 +167,58 @@ def test_decks_load_nothing_from_the_network(decks):
 
 
 # ---------------------------------------------------------------------------------------------------
+# The output folder: written only where the tool may
+# ---------------------------------------------------------------------------------------------------
+
+
+def _slides(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "course", "slides", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _refused(run: subprocess.CompletedProcess, *words: str) -> None:
+    """Exit status 2 and one line on stderr that says ``words``; no traceback."""
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert all(w in run.stderr for w in words), run.stderr
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_slides_never_write_into_a_teachers_folder(tmp_path):
+    talks = tmp_path / "talks"
+    (talks / "src").mkdir(parents=True)
+    (talks / "index.html").write_text("<h1>My talks</h1>\n")
+    (talks / "src" / "notes.md").write_text("# Notes\n")
+    before = _snapshot(talks)
+    _refused(_slides("--out", str(talks), _chapters()[0]), "did not write", "'index.html'", "'src'", "--out")
+    assert _snapshot(talks) == before
+    _refused(_slides("--out", str(tmp_path / "new"), "tyo"), "unknown chapter 'tyo'")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_rebuild_keeps_a_teachers_file_and_never_overwrites_an_edited_one(tmp_path):
+    out, chapter = tmp_path / "slides", _chapters()[0]
+    run = _slides("--out", str(out), chapter)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (out / "notes.txt").write_text("the teacher's\n")
+    (out / "src" / "extra.md").write_text("the teacher's too\n")
+    run = _slides("--out", str(out), chapter)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (out / "notes.txt").read_text() == "the teacher's\n"
+    assert (out / "src" / "extra.md").read_text() == "the teacher's too\n"
+    assert (out / f"{chapter}.html").is_file()
+    with (out / "index.html").open("a") as f:
+        f.write("<!-- edited -->\n")
+    before = _snapshot(out)
+    _refused(_slides("--out", str(out), chapter), "index.html changed since")
+    assert _snapshot(out) == before
+
+
+# ---------------------------------------------------------------------------------------------------
 # What goes on a slide (no build)
 # ---------------------------------------------------------------------------------------------------
 
