@@ -1,6 +1,6 @@
-r"""Rules for attention, embeddings and layers given as functions of their parameters (book: chapter
-"Transformers: permutations without scalings"; Tran et al. 2024 for the group of attention). See
-:mod:`symlib.symmetry.trace`.
+r"""Rules for attention (book: chapter "Transformers: permutations without scalings"; Tran et al. 2024 for
+the group of attention). See :mod:`symlib.symmetry.trace`; the table that picks these rules is
+:mod:`~symlib.symmetry.trace.rules`.
 
 Multi-head attention with ``h`` heads of width ``d_k`` (queries, keys) and ``d_v`` (values) computes, per
 head :math:`i`, :math:`\mathrm{softmax}(Q_i K_i^\top / \sqrt{d_k}) V_i`, then :math:`W_O` of the
@@ -13,161 +13,37 @@ concatenated heads. Its symmetries, all found here from the operations themselve
   scaling would; no scaling label is kept for them, their scales being part of that group;
 * ``weights @ V`` carries the value features to the output projection unchanged (in-head value
   permutation, and :math:`V_i \to V_i B_i,\ W_{O,i} \to B_i^{-1} W_{O,i}`, :math:`B_i \in GL(d_v)`);
-* heads: features split into ``(h, d)`` axes form blocks of their label (``Spec.blocks``), and the scores
-  of the heads tie the query-key and value labels of one attention, so their heads move together; a
-  parameter indexed by heads (a relative position bias table) gets a label of its own in the same tie;
+* heads: features split into ``(h, d)`` axes (:class:`~.labels.Grid`, made by a reshape,
+  :mod:`~symlib.symmetry.trace.views`) form blocks of their label (``Spec.blocks``), and the scores of
+  the heads (:class:`~.labels.Scores`) tie the query-key and value labels of one attention, so their heads
+  move together; a parameter indexed by heads (a relative position bias table) gets a label of its own in
+  the same tie. On features split into heads only reshapes, axis moves, copies and scaling by numbers
+  are known; on scores also masks, biases, softmax and element-wise activations (they keep the heads);
 * ``nn.MultiheadAttention`` and torchvision's ``shifted_window_attention`` (Swin) take their parameters
-  directly: they are rules of their own, with the same labels;
-* ``F.linear``, ``x @ W``, ``torch.addmm(b, x, W)`` (Hugging Face's ``Conv1D``) with a parameter ``W`` act
-  as a linear layer; an embedding opens a label on the features of its table.
+  directly: they are rules of their own, with the same labels, opened by one input projection
+  (:func:`project_qkv`).
 
-The labels of queries and keys (``"qk"``) and of values (``"vo"``) are recorded with the walker, which
-puts them in ``Spec.continuous`` (:mod:`symlib.symmetry.continuous`).
+The labels of queries and keys (``"qk"``) and of values (``"vo"``) are recorded with the walker
+(``Records.kinds``), and the assembly puts them in ``Spec.continuous``
+(:mod:`symlib.symmetry.continuous`).
+
+Every rule is ``rule(walker, node, op) -> state`` (:mod:`~symlib.symmetry.trace.rules`).
 """
 
 from __future__ import annotations
 
 import inspect
-import operator
 
 import torch
 import torch.fx
 from torch import nn
-from torch.nn import functional as F
 
-from symlib.symmetry.trace import heads, rules
+from symlib.symmetry.trace import layers
 from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Grid, Multi, Scores, Seg, State
-
-MATMUL = {operator.matmul, torch.matmul, torch.bmm, torch.mm}
-MATMUL_METHODS = {"matmul", "bmm", "mm", "__matmul__"}
-SOFTMAX = {F.softmax, torch.softmax, F.log_softmax, torch.log_softmax}
-SOFTMAX_METHODS = {"softmax", "log_softmax", "masked_fill", "masked_fill_", "type_as"}
-SDPA = {F.scaled_dot_product_attention}
-# Operations that leave features split into heads as they are (an activation would not: it breaks the
-# continuous symmetries of queries, keys and values).
-GRID_PASS_METHODS = {"contiguous", "clone", "detach", "to", "float", "double", "type_as", "alias"}
-GRID_PASS_FUNCTIONS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d}
-WRAPPED = {
-    ("torchvision.models.swin_transformer", "shifted_window_attention"): "swin",
-    ("torchvision.models.swin_transformer", "_patch_merging_pad"): "patch_merging",
-}
+from symlib.symmetry.trace.walker import name_of
 
 
-def function(w, node, target, is_method: bool):
-    """The rules of this module for a function or method node; ``NotImplemented`` for the others."""
-    name = rules.name_of(target)
-    key = (getattr(target, "__module__", None), getattr(target, "__name__", None))
-    if WRAPPED.get(key) == "swin":
-        return swin(w, node)
-    if WRAPPED.get(key) == "patch_merging":  # (..., H, W, C) -> (..., H/2, W/2, 4C): four position subsamples
-        st = w.input(node)
-        if not st.segs:
-            return UNLABELLED
-        if st.axis != len(w.shape(node)) - 1:
-            raise w.refuse(node, "a patch merging of a tensor whose channels are not last",
-                           "use (B, H, W, C)")
-        return State(st.axis, st.segs * 4, st.producer)
-    if target is operator.getitem or (not is_method and name in ("select", "slice")):
-        return heads.index(w, node)
-    if (target in MATMUL_METHODS) if is_method else (target in MATMUL):
-        return matmul(w, node)
-    if not is_method and target in SDPA:
-        return sdpa(w, node)
-    if not is_method and target is F.linear:
-        return linear(w, node, node.args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias"))
-    if not is_method and target is torch.addmm:
-        return linear(w, node, node.args[1], node.args[2], node.args[0], transposed=True)
-    if not is_method and target is F.embedding:
-        return embedding(w, node, node.args[1] if len(node.args) > 1 else node.kwargs["weight"], node.name)
-    if not is_method and target == "embedding":  # aten.embedding(weight, indices)
-        return embedding(w, node, node.args[0], node.name)
-    st = w.states.get(next(iter(w.tensor_args(node)), None))
-    if isinstance(st, (Grid, Scores)) or any(isinstance(w.states.get(a), (Grid, Scores))
-                                             for a in w.tensor_args(node)):
-        return on_heads(w, node, target, name, is_method)
-    if (target in SOFTMAX_METHODS) if is_method else (target in SOFTMAX):
-        return w.nonhomogeneous(node, node.name, name)
-    return NotImplemented
-
-
-def _arg(node, i, key, default=None):
-    return node.args[i] if len(node.args) > i else node.kwargs.get(key, default)
-
-
-# ------------------------------------------------------------------------------------ parameters
-def param(w, node, arg, what: str) -> Attr | None:
-    """The parameter behind argument ``arg`` (a view of one), or ``None`` for ``None``; refused otherwise."""
-    if arg is None:
-        return None
-    st = w.states.get(arg) if isinstance(arg, torch.fx.Node) else None
-    if isinstance(st, Attr) and st.in_state_dict and not st.opaque:
-        return st
-    raise w.refuse(node, f"the {what} {arg!r}, which is not a parameter of the model (or a view of one)",
-                   "pass the model's own parameters")
-
-
-def act_on(w, attr: Attr, axis: int, segs, power: int, with_scale: bool = True) -> None:
-    """Labels ``segs`` act on the parameter behind axis ``axis`` of the view ``attr``."""
-    pa = attr.param_axis(axis)
-    pos = 0
-    for s in segs:
-        w.act(attr.name, pa, s.perm, s.scale if with_scale else FIXED, power, start=pos, inner=s.inner)
-        pos += s.size
-
-
-def layer_of(name: str) -> str:
-    return name.rsplit(".", 1)[0]
-
-
-def linear(w, node, x, weight, bias, transposed: bool = False) -> State:
-    """``x @ W.T + b`` (``transposed``: ``b + x @ W``) with ``W`` a parameter: a linear layer."""
-    wt = param(w, node, weight, "weight")
-    b = param(w, node, bias, "bias")
-    st = w.states.get(x)
-    shape = w.shape(x)
-    if isinstance(st, (Grid, Scores)) or (isinstance(st, State) and st.segs and st.axis != len(shape) - 1):
-        raise w.refuse(node, "a linear layer reading a tensor whose features are not on its last axis",
-                       "apply it to (..., features) tensors, e.g. after merging the heads back")
-    if len(wt.shape) != 2:
-        raise w.refuse(node, f"the weight {wt.name!r} of shape {wt.shape}", "a linear weight is 2-D")
-    rows, cols = (1, 0) if transposed else (0, 1)
-    segs = w.segments(st if isinstance(st, State) else None, shape[-1])
-    w.weights.add(wt.name)
-    act_on(w, wt, cols, segs, -1)
-    n = wt.shape[rows]
-    layer = layer_of(wt.name)
-    label = w.new(layer, n)
-    w.act(wt.name, wt.param_axis(rows), label, label, 1)
-    if b is not None:
-        w.act(b.name, b.param_axis(0), label, label, 1)
-    return State(len(w.shape(node)) - 1, (Seg(label, label, n),), layer)
-
-
-def embedding(w, node, weight, layer: str) -> State:
-    """A lookup in a ``(vocabulary, d)`` table: its ``d`` features open a label, like a layer's outputs."""
-    wt = param(w, node, weight, "embedding table")
-    ids = [a for a in w.tensor_args(node) if a is not weight]
-    if ids and not w.is_fixed(w.states.get(ids[0])):
-        raise w.refuse(node, "an embedding of labelled indices", "embed the network's input tokens")
-    return _open_table(w, wt, layer_of(wt.name), len(w.shape(node)) - 1)
-
-
-def _open_table(w, wt: Attr, layer: str, axis: int) -> State:
-    w.weights.add(wt.name)
-    n = wt.shape[1]
-    label = w.new(layer, n)
-    w.act(wt.name, wt.param_axis(1), label, label, 1)
-    return State(axis, (Seg(label, label, n),), layer)
-
-
-def embedding_module(w, node, mod: nn.Embedding) -> State:
-    if not w.fixed_inputs(node):
-        raise w.refuse(node, f"the embedding {node.target!r} of labelled indices", "embed the input tokens")
-    wt = Attr(f"{node.target}.weight", tuple(mod.weight.shape), True)
-    return _open_table(w, wt, node.target, len(w.shape(node)) - 1)
-
-
-# ------------------------------------------------------------------------------------ heads
+# ------------------------------------------------------------------------------------ queries and keys
 def _features(w, node, arg, on: int):
     """``(segment, heads, per_head, head_axis)`` of queries, keys or values whose features lie on axis
     ``on`` (-1, or -2 for transposed keys), inside heads (a two-axis grid) or alone; ``segment`` is
@@ -188,18 +64,13 @@ def _features(w, node, arg, on: int):
                    "fused layer) and split the heads with a reshape")
 
 
-def _fix(w, seg) -> None:
-    if seg is not None:
-        w.perm_uf.union(seg.perm, FIXED)
-        w.scale_uf.union(seg.scale, FIXED)
-
-
 def pair_qk(w, node, q, k):
     """Queries and keys contracted: one label, keys on the opposite side; the scores' state."""
     (sq, hq, dq, aq), (sk, hk, dk, ak) = q, k
     if sq is None or sk is None:
-        _fix(w, sq)
-        _fix(w, sk)
+        for seg in (sq, sk):
+            if seg is not None:
+                w.fix_seg(seg)
         return UNLABELLED
     if (hq, dq, aq) != (hk, dk, ak):
         raise w.refuse(node, f"queries of {hq} heads of {dq} and keys of {hk} heads of {dk}",
@@ -237,12 +108,13 @@ def attend(w, node, scores, v):
     return Grid((nd + av, nd - 1), (hv, dv), (seg,), None)
 
 
-def matmul(w, node):
-    """``a @ b``: queries times keys, attention weights times values, or features times a parameter."""
+def matmul(w, node, op=None):
+    """``a @ b``: queries times keys, attention weights times values, or features times a parameter (a
+    linear layer, :func:`.layers.linear`)."""
     a, b = node.args[0], node.args[1]
     sa, sb = w.states.get(a), w.states.get(b)
     if isinstance(sb, Attr) and not isinstance(sa, (Grid, Scores)) and len(sb.shape) == 2:
-        return linear(w, node, a, b, None, transposed=True)
+        return layers.linear(w, node, a, b, None, transposed=True)
     if w.is_fixed(sa) and w.is_fixed(sb):
         return UNLABELLED
     if isinstance(sa, Attr) or isinstance(sb, Attr):
@@ -263,19 +135,19 @@ def _on(st, axis: int, shape) -> bool:
         isinstance(st, Grid) and st.axes[-1] == axis)
 
 
-def sdpa(w, node):
+def sdpa(w, node, op=None):
     """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)``."""
-    if _arg(node, 7, "enable_gqa", False):
+    if w.arg(node, 7, "enable_gqa", False):
         raise w.refuse(node, "grouped-query attention (enable_gqa=True)", "give keys the heads of queries")
-    q, k, v = (_features(w, node, node.args[i] if len(node.args) > i else node.kwargs[n], -1)
-               for i, n in enumerate(("query", "key", "value")))
+    q, k, v = (_features(w, node, w.arg(node, i, n), -1) for i, n in enumerate(("query", "key", "value")))
     scores = pair_qk(w, node, q, k)
-    mask = _arg(node, 3, "attn_mask")
+    mask = w.arg(node, 3, "attn_mask")
     if isinstance(mask, torch.fx.Node) and w.shape(mask) is not None:
         scores = _add_to_scores(w, node, scores, mask, len(w.shape(node)))
     return attend(w, node, scores, v)
 
 
+# -------------------------------------------------------------------------------------------- scores
 def _add_to_scores(w, node, scores, arg, nd: int):
     """A tensor added to attention scores: a parameter per head moves with the heads; anything else that
     differs between heads keeps them in place; labelled features are refused."""
@@ -298,44 +170,22 @@ def _add_to_scores(w, node, scores, arg, nd: int):
 def heads_param(w, scores: Scores, attr: Attr, axis: int) -> None:
     """A parameter indexed by the heads of ``scores`` on (view) axis ``axis``: a label of one entry per
     head, in the tie of the attention's labels."""
-    label = w.new(f"{layer_of(attr.name)}.heads", scores.heads)
+    label = w.new(f"{layers.layer_of(attr.name)}.heads", scores.heads)
     w.scale_uf.union(label, FIXED)
     w.grouped.append((scores.follows, label, scores.heads))
     w.weights.add(attr.name)
     w.act(attr.name, attr.param_axis(axis), label, FIXED, 1)
 
 
-def on_heads(w, node, target, name: str, is_method: bool):
-    """Operations on features spread over heads, or on attention scores."""
-    st = w.states.get(w.tensor_args(node)[0])
-    if has(target, is_method, rules.RESHAPE_METHODS, rules.RESHAPE_FUNCTIONS):
-        return heads.reshape(w, node)
-    if has(target, is_method, rules.MOVE_METHODS, rules.MOVE_FUNCTIONS):
-        return heads.move(w, node, heads._order(node, len(w.shape(node))))
-    if has(target, is_method, GRID_PASS_METHODS, GRID_PASS_FUNCTIONS) or rules.is_eval_identity(target):
-        return st
-    if isinstance(st, Scores) and has(target, is_method, rules.PASS_METHODS, rules.PASS_FUNCTIONS):
-        return st
-    if isinstance(st, Scores) and (has(target, is_method, SOFTMAX_METHODS, SOFTMAX)
-                                   or has(target, is_method, rules.NONHOMOGENEOUS_METHODS,
-                                          rules.NONHOMOGENEOUS_FUNCTIONS)):
-        return st
-    arith = [rules.ADD_METHODS | rules.MUL_METHODS | rules.DIV_METHODS,
-             rules.ADD_FUNCTIONS | rules.MUL_FUNCTIONS | rules.DIV_FUNCTIONS]
-    if has(target, is_method, *arith):
-        return _arith(w, node, name)
-    kind = "attention scores" if isinstance(st, Scores) else "features split into heads"
-    raise w.refuse(node, f"{'.' + name + '()' if is_method else name} on {kind}",
-                   "only reshapes, permutes, scaling by numbers, masks, softmax and the attention products "
-                   "are known on them")
+def keep(w, node, op=None):
+    """An operation that leaves features split into heads, or attention scores, as they are (a copy, a
+    dropout; on scores also softmax and element-wise activations)."""
+    return w.states.get(w.tensor_args(node)[0])
 
 
-def has(target, is_method, methods, functions) -> bool:
-    return target in methods if is_method else target in functions
-
-
-def _arith(w, node, name: str):
+def arithmetic(w, node, op):
     """Scores plus masks or position biases; heads or scores times or divided by numbers."""
+    name = name_of(op)
     nd = len(w.shape(node))
     args = [a for a in list(node.args[:2]) + list(node.kwargs.values()) if isinstance(a, torch.fx.Node)]
     states = [w.states.get(a) for a in args]
@@ -354,124 +204,111 @@ def _arith(w, node, name: str):
     return scores
 
 
-# ------------------------------------------------------------------------------------ whole layers
-def _signature_args(node, fn) -> dict:
+# ------------------------------------------------------------------------------------------ whole layers
+def _bound_args(node, fn) -> dict:
+    """The arguments of ``node`` bound to the parameters of ``fn``."""
     return inspect.signature(fn).bind(*node.args, **node.kwargs).arguments
+
+
+def qkv_labels(w, prefix: str, e: int) -> tuple[str, str, str]:
+    """New labels for the queries, keys and values (``e`` features each) of one attention."""
+    q, k, v = (w.new(f"{prefix}.{part}", e) for part in ("query", "key", "value"))
+    return q, k, v
+
+
+def project_qkv(w, labels, e: int, heads: int, parts, bias: str | None) -> None:
+    """The input projection of one attention writes its queries, keys and values ``labels``. ``parts``
+    gives, for each, ``(weight, start, columns)``: ``columns`` (the segments of its input, or ``None``)
+    act on the weight's input axis, then the label acts (power +1, no scale: the scales belong to
+    :math:`GL(d_k)`, :math:`GL(d_v)`) on its rows from ``start``, and on ``bias`` from entry ``i * e``.
+    The keys pair with the queries (opposite sides of the bilinear form); with several heads, the heads
+    of all three are tied."""
+    for i, (label, (weight, start, columns)) in enumerate(zip(labels, parts, strict=True)):
+        if columns is not None:
+            w.weights.add(weight)
+            w.act_on(weight, 1, columns, -1)
+        w.scale_uf.union(label, FIXED)
+        w.act(weight, 0, label, FIXED, 1, start=start)
+        if bias is not None:
+            w.act(bias, 0, label, FIXED, 1, start=i * e)
+    q, k, v = labels
+    w.perm_uf.union(q, k, odd=True)
+    w.kinds[q], w.kinds[v] = "qk", "vo"
+    if heads > 1:
+        w.grouped += [(q, k, heads), (q, v, heads)]
+
+
+def _output_projection(w, weight: str, bias: str | None, v: str, n: int, axis: int) -> State:
+    """The output projection of the heads: the value label acts on its input axis (power -1, no scale),
+    its output axis opens a label (:func:`.layers.open_label`)."""
+    w.weights.add(weight)
+    w.act(weight, 1, v, FIXED, -1)
+    return layers.open_label(w, layers.layer_of(weight), n, axis, (weight, 0),
+                             *([(bias, 0)] if bias is not None else []))
 
 
 def mha(w, node, mod: nn.MultiheadAttention) -> Multi:
     """``nn.MultiheadAttention``: its input projections, heads and output projection (module docstring)."""
-    args = _signature_args(node, mod.forward)
+    args = _bound_args(node, mod.forward)
     name = node.target
     h, e = mod.num_heads, mod.embed_dim
-    ins = [args["query"], args["key"], args["value"]]
-    sts = [w.states.get(a) for a in ins]
-    for st in sts:
-        if isinstance(st, (Grid, Scores, Multi)) or (isinstance(st, State) and st.segs
-                                                      and st.axis != len(w.shape(ins[0])) - 1):
-            raise w.refuse(node, f"the attention {name!r} on a tensor whose features are not last",
-                           "give it (batch, tokens, features) or (tokens, batch, features) inputs")
-    segs = [w.segments(st if isinstance(st, State) else None, w.shape(a)[-1]) for a, st in zip(ins, sts,
-                                                                                              strict=True)]
-    labels = [w.new(f"{name}.{part}", e) for part in ("query", "key", "value")]
+    segs = [layers.last_axis(w, node, args[a], f"the attention {name!r} on a tensor whose features are not "
+                             "last", "give it (batch, tokens, features) or (tokens, batch, features) inputs")
+            for a in ("query", "key", "value")]
+    q, k, v = qkv_labels(w, name, e)
     if mod._qkv_same_embed_dim:
         merged = segs[0]
         for other in segs[1:]:
             merged = w.merge(merged, other, node)
         weight = f"{name}.in_proj_weight"
         w.weights.add(weight)
-        _act_segs(w, weight, 1, merged, -1)
-        for i, label in enumerate(labels):
-            w.act(weight, 0, label, FIXED, 1, start=i * e)
-            if mod.in_proj_bias is not None:
-                w.act(f"{name}.in_proj_bias", 0, label, FIXED, 1, start=i * e)
+        w.act_on(weight, 1, merged, -1)
+        parts = [(weight, i * e, None) for i in range(3)]
     else:
-        for part, label, sg, i in zip(("q", "k", "v"), labels, segs, range(3), strict=True):
-            weight = f"{name}.{part}_proj_weight"
-            w.weights.add(weight)
-            _act_segs(w, weight, 1, sg, -1)
-            w.act(weight, 0, label, FIXED, 1)
-            if mod.in_proj_bias is not None:
-                w.act(f"{name}.in_proj_bias", 0, label, FIXED, 1, start=i * e)
-    q, k, v = labels
-    for label in labels:
-        w.scale_uf.union(label, FIXED)
-    w.perm_uf.union(q, k, odd=True)
-    w.kinds[q], w.kinds[v] = "qk", "vo"
+        parts = [(f"{name}.{p}_proj_weight", 0, sg) for p, sg in zip("qkv", segs, strict=True)]
+    project_qkv(w, (q, k, v), e, h, parts, f"{name}.in_proj_bias" if mod.in_proj_bias is not None else None)
     if mod.bias_k is not None:
         w.act(f"{name}.bias_k", 2, k, FIXED, 1)
         w.act(f"{name}.bias_v", 2, v, FIXED, 1)
     if mod.add_zero_attn:
         w.no_bias_shift.update((q, v))
-    if h > 1:
-        w.grouped += [(q, k, h), (q, v, h)]
-        mask = args.get("attn_mask")
-        if isinstance(mask, torch.fx.Node) and len(w.shape(mask)) == 3:  # one mask per head
-            w.grouped.append((q, FIXED, h))
-    out = f"{name}.out_proj"
-    w.weights.add(f"{out}.weight")
-    w.act(f"{out}.weight", 1, v, FIXED, -1)
-    label = w.new(out, e)
-    w.act(f"{out}.weight", 0, label, label, 1)
-    if mod.out_proj.bias is not None:
-        w.act(f"{out}.bias", 0, label, label, 1)
+    mask = args.get("attn_mask")
+    if h > 1 and isinstance(mask, torch.fx.Node) and len(w.shape(mask)) == 3:  # one mask per head
+        w.grouped.append((q, FIXED, h))
     metas = node.meta.get("tensor_meta")
-    nd = len(metas[0].shape)
+    bias = f"{name}.out_proj.bias" if mod.out_proj.bias is not None else None
+    out = _output_projection(w, f"{name}.out_proj.weight", bias, v, e, len(metas[0].shape) - 1)
     weights = UNLABELLED
     if args.get("need_weights", True) and not args.get("average_attn_weights", True) and h > 1:
         weights = Scores(len(metas[1].shape) - 3, h, q)
-    return Multi((State(nd - 1, (Seg(label, label, e),), out), weights))
+    return Multi((out, weights))
 
 
-def _act_segs(w, param, axis, segs, power) -> None:
-    pos = 0
-    for s in segs:
-        w.act(param, axis, s.perm, s.scale, power, start=pos, inner=s.inner)
-        pos += s.size
-
-
-def swin(w, node) -> State:
+def swin(w, node, op=None) -> State:
     """torchvision's ``shifted_window_attention(input, qkv_weight, proj_weight, relative_position_bias,
     window_size, num_heads, ...)``: attention inside windows (positions only move), with one relative
     position bias per head."""
     from torchvision.models.swin_transformer import shifted_window_attention
 
-    args = _signature_args(node, shifted_window_attention)
+    args = _bound_args(node, shifted_window_attention)
     if args.get("logit_scale") is not None:
         raise w.refuse(node, "Swin V2's cosine attention (logit_scale)", "its normalised queries and keys "
                        "and per-head logit scales are not supported; use Swin (V1)")
     x = args["input"]
-    st = w.states.get(x)
+    segs = layers.last_axis(w, node, x, "a window attention on a tensor whose channels are not on its last "
+                            "axis", "give it (batch, H, W, C) inputs")
     c = w.shape(x)[-1]
-    last = len(w.shape(x)) - 1
-    if isinstance(st, (Grid, Scores)) or (isinstance(st, State) and st.segs and st.axis != last):
-        raise w.refuse(node, "a window attention on a tensor whose channels are not on its last axis",
-                       "give it (batch, H, W, C) inputs")
-    qkv = param(w, node, args["qkv_weight"], "weight")
-    proj = param(w, node, args["proj_weight"], "weight")
-    qkv_b = param(w, node, args.get("qkv_bias"), "bias")
-    proj_b = param(w, node, args.get("proj_bias"), "bias")
+    qkv = layers.param(w, node, args["qkv_weight"], "weight")
+    proj = layers.param(w, node, args["proj_weight"], "weight")
+    qkv_b = layers.param(w, node, args.get("qkv_bias"), "bias")
+    proj_b = layers.param(w, node, args.get("proj_bias"), "bias")
     h = int(args["num_heads"])
-    layer = layer_of(qkv.name)
     w.weights.update((qkv.name, proj.name))
-    _act_segs(w, qkv.name, 1, w.segments(st if isinstance(st, State) else None, c), -1)
-    labels = [w.new(f"{layer}.{part}", c) for part in ("query", "key", "value")]
-    for i, label in enumerate(labels):
-        w.scale_uf.union(label, FIXED)
-        w.act(qkv.name, 0, label, FIXED, 1, start=i * c)
-        if qkv_b is not None:
-            w.act(qkv_b.name, 0, label, FIXED, 1, start=i * c)
-    q, k, v = labels
-    w.perm_uf.union(q, k, odd=True)
-    w.kinds[q], w.kinds[v] = "qk", "vo"
+    w.act_on(qkv.name, 1, segs, -1)
+    q, k, v = qkv_labels(w, layers.layer_of(qkv.name), c)
+    project_qkv(w, (q, k, v), c, h, [(qkv.name, i * c, None) for i in range(3)],
+                qkv_b.name if qkv_b is not None else None)
     if h > 1:
-        w.grouped += [(q, k, h), (q, v, h)]
-        bias = args["relative_position_bias"]
-        _add_to_scores(w, node, Scores(1, h, q), bias, 4)
-    w.act(proj.name, 1, v, FIXED, -1)
-    out = layer_of(proj.name)
-    label = w.new(out, c)
-    w.act(proj.name, 0, label, label, 1)
-    if proj_b is not None:
-        w.act(proj_b.name, 0, label, label, 1)
-    return State(len(w.shape(node)) - 1, (Seg(label, label, c),), out)
+        _add_to_scores(w, node, Scores(1, h, q), args["relative_position_bias"], 4)
+    return _output_projection(w, proj.name, proj_b.name if proj_b is not None else None, v, c,
+                              len(w.shape(node)) - 1)

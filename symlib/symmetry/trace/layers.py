@@ -1,71 +1,96 @@
-r"""Rules for the layers that hold parameters, and the dispatch of ``call_module`` nodes (book: chapter
-"Symmetries of real architectures"; paper App. D.4). See :mod:`symlib.symmetry.trace`.
+r"""Rules for the layers that hold parameters, as modules or as functions of the model's parameters (book:
+chapter "Symmetries of real architectures"; paper App. D.4). See :mod:`symlib.symmetry.trace`; the table
+that picks these rules is :mod:`~symlib.symmetry.trace.rules`.
 
-* ``Linear`` / convolutions: the input's labels act (power -1) on the weight's input axis, segment by
-  segment (``Action.start``, and ``Action.inner`` after a flatten); the output opens a new label.
-  A grouped convolution ties its input and output labels' blocks (``Spec.blocks``).
-* BatchNorm: same permutation as its input; the input's scale is absorbed by the running statistics
-  (mean: power 1, ``var + eps``: power 2), and ``weight``/``bias`` open a new scale.
-* LayerNorm (and RMSNorm) over the channel axis: the permutation passes (its ``weight``/``bias`` move
-  with it); the input's per-channel scale does not (the normalisation mixes channels), and
-  ``weight``/``bias`` open a new scale.
-* ``nn.Embedding``: the table's features open a label (:func:`.attention.embedding_module`).
+* ``Linear`` and convolutions: the input's labels act (power -1) on the weight's input axis, segment by
+  segment (``Action.start``, and ``Action.inner`` after a flatten); the output opens a new label, acting
+  (power +1) on the weight's output axis and the bias:
+
+  .. math:: W \leftarrow P_\mathrm{out}\,\mathrm{diag}(\lambda_\mathrm{out})\,W\,
+            \mathrm{diag}(\lambda_\mathrm{in})^{-1}P_\mathrm{in}^\top,
+            \qquad b \leftarrow P_\mathrm{out}\,\mathrm{diag}(\lambda_\mathrm{out})\,b .
+
+  ``F.linear``, ``x @ W`` and ``torch.addmm(b, x, W)`` (Hugging Face's ``Conv1D``) with a parameter ``W``
+  (or a view of one) are linear layers too. A grouped convolution ties its input and output labels'
+  blocks (``Spec.blocks``).
+* BatchNorm (eval mode, paper D.4.3): same permutation as its input; the input scale :math:`\lambda` is
+  absorbed by the running statistics (mean: power 1, ``var + eps``: power 2), and ``weight``/``bias`` open
+  a new scale :math:`\mu`:
+
+  .. math:: \gamma\frac{\lambda z - \lambda m}{\sqrt{\lambda^2 (v + \epsilon)}} + \beta
+            = \gamma\frac{z - m}{\sqrt{v + \epsilon}} + \beta.
+
+* LayerNorm and RMSNorm over the channel axis (modules, ``F.layer_norm``, ``F.rms_norm``): the permutation
+  passes (its ``weight``/``bias`` move with it); the input's per-channel scale does not (the
+  normalisation mixes channels), and ``weight``/``bias`` open a new scale.
+* embeddings (``nn.Embedding``, ``F.embedding``, ``aten.embedding``): the table's features open a label,
+  like a layer's outputs.
+
+Every rule is ``rule(walker, node, op) -> state``, ``op`` the module of a ``call_module`` node
+(:mod:`~symlib.symmetry.trace.rules`).
 """
 
 from __future__ import annotations
 
+import torch.fx
 from torch import nn
+from torch.nn import functional as F
 
-from symlib.symmetry.trace import rules
-from symlib.symmetry.trace.labels import FIXED, Attr, Grid, Scores, Seg, State
+from symlib.symmetry.trace.labels import FIXED, Attr, Grid, Multi, Scores, Seg, State
 
 
-def module(w, node, mod: nn.Module) -> State:
-    name = node.target
-    args = w.tensor_args(node)
-    st = w.states.get(args[0]) if args else None
-    if isinstance(st, (Grid, Scores)):  # features split into heads, or attention scores
-        if isinstance(mod, (nn.Dropout, nn.Identity)) or (isinstance(st, Scores) and isinstance(
-                mod, (nn.Softmax, nn.LogSoftmax))):
-            return st
-        raise w.refuse(node, f"the module {name!r} of type {type(mod).__name__} on "
-                       + ("attention scores" if isinstance(st, Scores) else "features split into heads"),
-                       "merge the heads back before other layers")
-    if isinstance(mod, nn.Embedding):
-        from symlib.symmetry.trace import attention
+# ------------------------------------------------------------------------------------------- shared
+def open_label(w, layer: str, n: int, axis: int, *params: tuple[str, int]) -> State:
+    """A new label of ``n`` entries for the outputs of ``layer``, on axis ``axis`` of its result, acting
+    (power +1) on the given ``(parameter, axis)`` pairs (the weight's output axis, the bias)."""
+    label = w.new(layer, n)
+    for name, axis_of_param in params:
+        w.act(name, axis_of_param, label, label, 1)
+    return State(axis, (Seg(label, label, n),), layer)
 
-        return attention.embedding_module(w, node, mod)
-    if isinstance(mod, nn.RMSNorm):
-        return layernorm(w, node, tuple(mod.normalized_shape),
-                         f"{name}.weight" if mod.weight is not None else None, None, name)
-    if isinstance(mod, nn.Linear):
-        return linear(w, node, name, mod)
-    if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        return conv(w, node, name, mod)
-    if isinstance(mod, nn.modules.batchnorm._BatchNorm):
-        return batchnorm(w, node, name, mod)
-    if isinstance(mod, nn.LayerNorm):
-        affine = mod.weight is not None
-        return layernorm(w, node, tuple(mod.normalized_shape),
-                         f"{name}.weight" if affine else None,
-                         f"{name}.bias" if mod.bias is not None else None, name)
-    if isinstance(mod, rules.PASS_MODULES):
-        return w.input(node)
-    if isinstance(mod, rules.NONHOMOGENEOUS_MODULES):
-        return w.nonhomogeneous(node, name, type(mod).__name__)
-    if isinstance(mod, nn.Flatten):
-        return w.reshape(node)
-    if w.fixed_inputs(node):  # e.g. an embedding of the input: nothing to act on yet
-        return State(1)
-    if node in w.tail:  # e.g. a final normalisation: the labels would reach the output anyway
-        return w.fix_inputs(node)
-    raise w.refuse(
-        node, f"the module {name!r} of type {type(mod).__name__}",
-        "its symmetries are unknown to symlib; supported: Linear, Conv1d/2d/3d (grouped and depthwise "
-        "too), BatchNorm, LayerNorm over channels, element-wise activations, pooling, dropout, flatten, "
-        "concatenation, residual additions and gating products. Write its Spec by hand "
-        "(symlib.symmetry.spec.Spec) instead",
-    )
+
+def _dense(w, layer: str, n: int, axis: int, weight: str, cols: int, rows: int, segs, bias=()) -> State:
+    """A weight whose input axis ``cols`` reads segments ``segs`` and whose output axis ``rows`` (and the
+    ``(parameter, axis)`` of its bias, if any) opens a label of ``n`` entries."""
+    w.weights.add(weight)
+    w.act_on(weight, cols, segs, -1)
+    return open_label(w, layer, n, axis, (weight, rows), *bias)
+
+
+def layer_of(name: str) -> str:
+    """The layer of a parameter name (``"blocks.0.fc1"`` for ``"blocks.0.fc1.weight"``)."""
+    return name.rsplit(".", 1)[0]
+
+
+def param(w, node, arg, what: str) -> Attr | None:
+    """The parameter behind argument ``arg`` (a view of one), or ``None`` for ``None``; refused otherwise."""
+    if arg is None:
+        return None
+    st = w.states.get(arg) if isinstance(arg, torch.fx.Node) else None
+    if isinstance(st, Attr) and st.in_state_dict and not st.opaque:
+        return st
+    raise w.refuse(node, f"the {what} {arg!r}, which is not a parameter of the model (or a view of one)",
+                   "pass the model's own parameters")
+
+
+def attr_name(w, node, arg) -> str | None:
+    """The state-dict name of a ``get_attr`` argument (a functional layer's weight), or ``None``."""
+    if arg is None:
+        return None
+    st = w.states.get(arg)
+    if isinstance(st, Attr) and st.in_state_dict:
+        return st.name
+    raise w.refuse(node, f"the argument {arg!r}", "pass the parameters of the model itself")
+
+
+def last_axis(w, node, x, what: str, fix: str) -> tuple[Seg, ...]:
+    """The segments on the last axis of ``x``, which a layer given as a function (or an attention) reads;
+    refused (``what``, ``fix``) when labelled features lie on another axis, or in heads."""
+    st = w.states.get(x)
+    if isinstance(st, (Grid, Scores, Multi)) or (isinstance(st, State) and st.segs
+                                                  and st.axis != len(w.shape(x)) - 1):
+        raise w.refuse(node, what, fix)
+    return w.segments(st if isinstance(st, State) else None, w.shape(x)[-1])
 
 
 def _read(w, node, axis_kind: str) -> tuple[State, tuple[Seg, ...]]:
@@ -82,29 +107,45 @@ def _read(w, node, axis_kind: str) -> tuple[State, tuple[Seg, ...]]:
     return st, w.segments(st, shape[axis])
 
 
-def _act_segments(w, param, axis, segs, power, offset=0.0) -> None:
-    pos = 0
-    for s in segs:
-        w.act(param, axis, s.perm, s.scale, power, offset=offset, start=pos, inner=s.inner)
-        pos += s.size
+# ------------------------------------------------------------------------------------------- linear
+def linear_module(w, node, mod: nn.Linear) -> State:
+    """``nn.Linear`` on the last axis."""
+    name = node.target
+    _, segs = _read(w, node, "last")
+    bias = [(f"{name}.bias", 0)] if mod.bias is not None else []
+    return _dense(w, name, mod.out_features, len(w.shape(node)) - 1, f"{name}.weight", 1, 0, segs, bias)
 
 
-def linear(w, node, name, mod) -> State:
-    st, segs = _read(w, node, "last")
-    w.weights.add(f"{name}.weight")
-    _act_segments(w, f"{name}.weight", 1, segs, -1)
-    label = w.new(name, mod.out_features)
-    w.act(f"{name}.weight", 0, label, label, 1)
-    if mod.bias is not None:
-        w.act(f"{name}.bias", 0, label, label, 1)
-    return State(len(w.shape(node)) - 1, (Seg(label, label, mod.out_features),), name)
+def linear(w, node, x, weight, bias, transposed: bool = False) -> State:
+    """``x @ W.T + b`` (``transposed``: ``b + x @ W``) with ``W`` a parameter: a linear layer."""
+    wt = param(w, node, weight, "weight")
+    b = param(w, node, bias, "bias")
+    segs = last_axis(w, node, x, "a linear layer reading a tensor whose features are not on its last axis",
+                     "apply it to (..., features) tensors, e.g. after merging the heads back")
+    if len(wt.shape) != 2:
+        raise w.refuse(node, f"the weight {wt.name!r} of shape {wt.shape}", "a linear weight is 2-D")
+    rows, cols = (1, 0) if transposed else (0, 1)
+    return _dense(w, layer_of(wt.name), wt.shape[rows], len(w.shape(node)) - 1, wt.name, wt.param_axis(cols),
+                  wt.param_axis(rows), segs, [(b.name, b.param_axis(0))] if b is not None else [])
 
 
-def conv(w, node, name, mod) -> State:
-    st, segs = _read(w, node, "channel")
+def linear_function(w, node, op=None) -> State:
+    """``F.linear(x, weight, bias)``."""
+    return linear(w, node, node.args[0], w.arg(node, 1, "weight"), w.arg(node, 2, "bias"))
+
+
+def addmm(w, node, op=None) -> State:
+    """``torch.addmm(bias, x, weight)``: ``bias + x @ weight``."""
+    return linear(w, node, node.args[1], node.args[2], node.args[0], transposed=True)
+
+
+# ---------------------------------------------------------------------------------------- convolutions
+def conv(w, node, mod) -> State:
+    """``nn.Conv1d/2d/3d``, grouped and depthwise too (paper D.4.2)."""
+    name = node.target
+    _, segs = _read(w, node, "channel")
     if any(s.inner != 1 for s in segs):
         raise w.refuse(node, "a convolution over flattened channels", "convolve channel maps (N, C, ...)")
-    w.weights.add(f"{name}.weight")
     g = mod.groups
     labelled = [s for s in segs if not w.seg_fixed(s)]
     if g > 1 and labelled and len(segs) != 1:
@@ -112,38 +153,18 @@ def conv(w, node, name, mod) -> State:
             node, f"the grouped convolution {name!r} reading a concatenation",
             "grouped convolutions are supported on the output of one layer (or a residual stream)",
         )
-    label = w.new(name, mod.out_channels)
-    if g > 1:
-        s = segs[0] if len(segs) == 1 else Seg(FIXED, FIXED, mod.in_channels)
-        w.act(f"{name}.weight", 1, s.perm, s.scale, -1, groups=g)
-        w.grouped.append((s.perm, label, g))
-    else:
-        _act_segments(w, f"{name}.weight", 1, segs, -1)
-    w.act(f"{name}.weight", 0, label, label, 1)
-    if mod.bias is not None:
-        w.act(f"{name}.bias", 0, label, label, 1)
-    return State(1, (Seg(label, label, mod.out_channels),), name)
+    weight, bias = f"{name}.weight", [(f"{name}.bias", 0)] if mod.bias is not None else []
+    if g == 1:
+        return _dense(w, name, mod.out_channels, 1, weight, 1, 0, segs, bias)
+    w.weights.add(weight)
+    s = segs[0] if len(segs) == 1 else Seg(FIXED, FIXED, mod.in_channels)
+    w.act(weight, 1, s.perm, s.scale, -1, groups=g)
+    out = open_label(w, name, mod.out_channels, 1, (weight, 0), *bias)
+    w.grouped.append((s.perm, out.segs[0].perm, g))
+    return out
 
 
-def batchnorm(w, node, name, mod) -> State:
-    st, segs = _read(w, node, "channel")
-    if not mod.track_running_stats:
-        raise w.refuse(
-            node, f"the BatchNorm {name!r} without running statistics",
-            "in eval mode it normalises with batch statistics, which couples samples; build it with "
-            "track_running_stats=True",
-        )
-    _act_segments(w, f"{name}.running_mean", 0, segs, 1)
-    _act_segments(w, f"{name}.running_var", 0, segs, 2, offset=float(mod.eps))
-    if not mod.affine:
-        return State(st.axis, tuple(Seg(s.perm, FIXED, s.n, s.inner) for s in segs), st.producer)
-    w.weights.add(f"{name}.weight")
-    out = _open_scales(w, name, segs)
-    _act_segments(w, f"{name}.weight", 0, out, 1)
-    _act_segments(w, f"{name}.bias", 0, out, 1)
-    return State(st.axis, out, st.producer)
-
-
+# ------------------------------------------------------------------------------------- normalisations
 def _open_scales(w, name, segs) -> tuple[Seg, ...]:
     """The segments with a new scale each (a normalisation's affine parameters open them)."""
     out = []
@@ -152,6 +173,27 @@ def _open_scales(w, name, segs) -> tuple[Seg, ...]:
         w.perm_uf.union(new, FIXED)  # only its scale is new
         out.append(Seg(s.perm, new, s.n, s.inner))
     return tuple(out)
+
+
+def batchnorm(w, node, mod) -> State:
+    """BatchNorm in eval mode (module docstring)."""
+    name = node.target
+    st, segs = _read(w, node, "channel")
+    if not mod.track_running_stats:
+        raise w.refuse(
+            node, f"the BatchNorm {name!r} without running statistics",
+            "in eval mode it normalises with batch statistics, which couples samples; build it with "
+            "track_running_stats=True",
+        )
+    w.act_on(f"{name}.running_mean", 0, segs, 1)
+    w.act_on(f"{name}.running_var", 0, segs, 2, offset=float(mod.eps))
+    if not mod.affine:
+        return State(st.axis, tuple(Seg(s.perm, FIXED, s.n, s.inner) for s in segs), st.producer)
+    w.weights.add(f"{name}.weight")
+    out = _open_scales(w, name, segs)
+    w.act_on(f"{name}.weight", 0, out, 1)
+    w.act_on(f"{name}.bias", 0, out, 1)
+    return State(st.axis, out, st.producer)
 
 
 def layernorm(w, node, normalized_shape, weight: str | None, bias: str | None, layer: str) -> State:
@@ -175,17 +217,57 @@ def layernorm(w, node, normalized_shape, weight: str | None, bias: str | None, l
         return State(st.axis, segs, st.producer)
     w.weights.add(weight)
     out = _open_scales(w, layer, segs)
-    _act_segments(w, weight, 0, out, 1)
+    w.act_on(weight, 0, out, 1)
     if bias is not None:
-        _act_segments(w, bias, 0, out, 1)
+        w.act_on(bias, 0, out, 1)
     return State(st.axis, out, st.producer)
 
 
-def attr_name(w, node, arg) -> str | None:
-    """The state-dict name of a ``get_attr`` argument (a functional layer's weight), or ``None``."""
-    if arg is None:
-        return None
-    st = w.states.get(arg)
-    if isinstance(st, Attr) and st.in_state_dict:
-        return st.name
-    raise w.refuse(node, f"the argument {arg!r}", "pass the parameters of the model itself")
+def norm_module(w, node, mod) -> State:
+    """``nn.LayerNorm`` and ``nn.RMSNorm`` (which has no bias)."""
+    name = node.target
+    weight, bias = mod.weight, getattr(mod, "bias", None)
+    return layernorm(w, node, tuple(mod.normalized_shape), f"{name}.weight" if weight is not None else None,
+                     f"{name}.bias" if bias is not None else None, name)
+
+
+def norm_function(w, node, op) -> State:
+    """``F.layer_norm(x, shape, weight, bias)`` and ``F.rms_norm(x, shape, weight)``."""
+    shape = w.arg(node, 1, "normalized_shape")
+    weight = attr_name(w, node, w.arg(node, 2, "weight"))
+    bias = attr_name(w, node, w.arg(node, 3, "bias")) if op is F.layer_norm else None
+    return layernorm(w, node, tuple(shape), weight, bias, weight.rsplit(".", 1)[0] if weight else node.name)
+
+
+# ------------------------------------------------------------------------------------------ embeddings
+def _table(w, wt: Attr, layer: str, axis: int) -> State:
+    """A lookup in a ``(vocabulary, d)`` table: its ``d`` features open a label."""
+    w.weights.add(wt.name)
+    return open_label(w, layer, wt.shape[1], axis, (wt.name, wt.param_axis(1)))
+
+
+def embedding(w, node, weight) -> State:
+    """A lookup of the network's input tokens in the table ``weight`` (a parameter)."""
+    wt = param(w, node, weight, "embedding table")
+    ids = [a for a in w.tensor_args(node) if a is not weight]
+    if ids and not w.is_fixed(w.states.get(ids[0])):
+        raise w.refuse(node, "an embedding of labelled indices", "embed the network's input tokens")
+    return _table(w, wt, layer_of(wt.name), len(w.shape(node)) - 1)
+
+
+def embedding_function(w, node, op=None) -> State:
+    """``F.embedding(ids, weight)``."""
+    return embedding(w, node, w.arg(node, 1, "weight"))
+
+
+def embedding_aten(w, node, op=None) -> State:
+    """``aten.embedding(weight, ids)`` (graphs from ``torch.export``)."""
+    return embedding(w, node, node.args[0])
+
+
+def embedding_module(w, node, mod: nn.Embedding) -> State:
+    """``nn.Embedding``."""
+    if not w.fixed_inputs(node):
+        raise w.refuse(node, f"the embedding {node.target!r} of labelled indices", "embed the input tokens")
+    wt = Attr(f"{node.target}.weight", tuple(mod.weight.shape), True)
+    return _table(w, wt, node.target, len(w.shape(node)) - 1)

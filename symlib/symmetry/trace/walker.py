@@ -11,8 +11,8 @@ the walker. The rules write through the walker's bookkeeping (:meth:`Walker.new`
 
 What a walk records is a :class:`Records`: the union-finds of the permutation and scaling labels, the
 actions on the labels as they were when recorded, and the facts the spec needs besides (weights, layers
-without scalings, tied heads, attention labels). :func:`symlib.symmetry.trace.assemble` turns it into
-the :class:`~symlib.symmetry.spec.Spec`; the walker knows nothing of that.
+without scalings, tied heads, attention labels). ``assemble`` (in :mod:`symlib.symmetry.trace`) turns it
+into the :class:`~symlib.symmetry.spec.Spec`; the walker knows nothing of that.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def name_of(target) -> str:
 
 @dataclasses.dataclass
 class Records:
-    """What a walk records, and all :func:`~symlib.symmetry.trace.assemble` reads.
+    """What a walk records, and all that ``assemble`` (:mod:`symlib.symmetry.trace`) reads.
 
     Attributes:
         perm_uf, scale_uf: the permutation and scaling labels, merged and cut as the rules said.
@@ -102,7 +102,8 @@ class Walker(Records):
         :class:`~symlib.symmetry.spec.Action`, its labels resolved by the assembly)."""
         self.actions.append(Action(param, axis, perm, scale, power, groups, offset, start, inner))
 
-    def act_on(self, param: str, axis: int, segs, power: int, scales: bool = True, offset: float = 0.0) -> None:
+    def act_on(self, param: str, axis: int, segs, power: int, scales: bool = True,
+               offset: float = 0.0) -> None:
         """The labels of segments ``segs``, laid end to end on axis ``axis`` of ``param``, act on it, each
         from where its segment starts (``Action.start``) and on blocks of ``inner`` entries; with
         ``scales=False`` the permutations only."""
@@ -131,8 +132,12 @@ class Walker(Records):
             self.grouped.append((st.follows, FIXED, st.heads))
         elif isinstance(st, (State, Grid)):
             for s in st.segs:
-                self.perm_uf.union(s.perm, FIXED)
-                self.scale_uf.union(s.scale, FIXED)
+                self.fix_seg(s)
+
+    def fix_seg(self, s: Seg) -> None:
+        """Merge the labels of segment ``s`` with the fixed class."""
+        self.perm_uf.union(s.perm, FIXED)
+        self.scale_uf.union(s.scale, FIXED)
 
     def fix_scales(self, st: State, layer: str | None = None, why: str | None = None) -> State:
         """``st`` with every scale fixed; a layer that is not positively homogeneous is recorded."""
@@ -175,9 +180,8 @@ class Walker(Records):
             )
         if not loose_a and not loose_b:
             return tuple(a)
-        for _, _, s in loose_a + loose_b:  # a label that meets fixed entries cannot move them
-            self.perm_uf.union(s.perm, FIXED)
-            self.scale_uf.union(s.scale, FIXED)  # (nor scale them, since the result's entries are fixed)
+        for _, _, s in loose_a + loose_b:  # a label that meets fixed entries cannot move them (nor scale
+            self.fix_seg(s)  # them, since the result's entries are fixed)
         cuts = sorted({hi for _, hi, _ in spans_a + spans_b})
         merged, pos = [], 0
         for hi in cuts:

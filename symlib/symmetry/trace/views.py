@@ -1,30 +1,39 @@
-r"""Features spread over several axes, and tensors cut into pieces (book: chapter "Transformers:
-permutations without scalings"). See :mod:`symlib.symmetry.trace`.
+r"""Rules for the operations that move a tensor's entries without arithmetic: reshapes, axis moves,
+indexing and splits, of labelled tensors and of parameters (book: chapters "Symmetries of real
+architectures" and "Transformers: permutations without scalings"). See :mod:`symlib.symmetry.trace`; the
+table that picks these rules is :mod:`~symlib.symmetry.trace.rules`.
 
-* reshape: axes are matched in groups of equal products. A labelled axis alone in its group moves; merged
-  with the axes after it, it becomes a flatten (``Action.inner``); split into several axes, its features
-  become a :class:`~.labels.Grid` (``(..., h * k) -> (..., h, k)``: heads); grid axes merged back in their
+* reshape (``view``, ``reshape``, ``flatten``, ``squeeze``, ``unsqueeze``, ``nn.Flatten``): axes are matched
+  in groups of equal products (:func:`groups`). A labelled axis alone in its group moves; merged with
+  the axes after it, it becomes a flatten (a channel label acts on blocks of ``H*W`` inputs of the next
+  linear layer, ``Action.inner``); split into several axes, its features become a
+  :class:`~.labels.Grid` (``(..., h * k) -> (..., h, k)``: heads); grid axes merged back in their
   row-major order become one labelled axis again. Interleaving the parts of a label (a channel shuffle)
   is refused.
-* indexing, ``split``, ``chunk``, ``unbind``: along an unlabelled axis each piece keeps the labels; along
-  the labelled axis (or the slowest axis of a grid) the labels are cut at the pieces' boundaries
-  (:meth:`~.labels.UnionFind.cut`), so a fused query-key-value output becomes three labels.
+* ``permute``, ``transpose``, ``.t()``, ``movedim``: the labels follow their axes.
+* indexing, ``select``, ``slice``, ``split``, ``chunk``, ``unbind``: along an unlabelled axis each piece keeps
+  the labels; along the labelled axis (or the slowest axis of a grid) the labels are cut at the pieces'
+  boundaries (:meth:`~.labels.UnionFind.cut`), so a fused query-key-value output becomes three labels.
+* Swin's patch merging ``(..., H, W, C) -> (..., H/2, W/2, 4C)`` lays four copies of the channels' labels
+  end to end.
 * views of a parameter (``expand``, ``unsqueeze``, ``permute``, ``.T``, ``view`` adding or removing axes of
-  size 1) stay that parameter, with a map from the view's axes to the parameter's
+  size 1, ...) stay that parameter, with a map from the view's axes to the parameter's
   (:class:`~.labels.Attr`), so a class token expanded to the batch and concatenated to the patch
-  embeddings moves with them.
+  embeddings moves with them; anything else computed from parameters alone is opaque (no label may
+  act on it).
+
+Every rule is ``rule(walker, node, op) -> state`` (:mod:`~symlib.symmetry.trace.rules`).
 """
 
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 import torch.fx
 
-from symlib.symmetry.trace import rules
 from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Grid, Multi, Scores, Seg, State
+from symlib.symmetry.trace.walker import name_of
 
 SHUFFLE = (
     "a reshape may merge the channel axis with the axes after it (a flatten), split it into heads and "
@@ -33,7 +42,7 @@ SHUFFLE = (
 )
 
 
-# ------------------------------------------------------------------------------------ axis groups
+# ------------------------------------------------------------------------------------------ reshape
 def groups(a: tuple[int, ...], b: tuple[int, ...], keep=()) -> list[tuple[list[int], list[int]]]:
     """Consecutive axes of shape ``a`` and of shape ``b`` with equal products, in order; axes of size 1 are
     left out of each group unless listed in ``keep`` (axes of ``a``)."""
@@ -71,8 +80,9 @@ def labelled_axes(st) -> tuple[int, ...]:
     return ()
 
 
-def reshape(w, node):
-    """A reshape of a labelled tensor (module docstring)."""
+def reshape(w, node, op=None):
+    """A reshape of a labelled tensor, of features split into heads or of attention scores (module
+    docstring)."""
     src = w.tensor_args(node)[0]
     st = w.states.get(src)
     if isinstance(st, Attr) or w.is_fixed(st):
@@ -125,12 +135,39 @@ def _consecutive(st: Grid, gi: list[int]) -> bool:
     return pos == list(range(pos[0], pos[0] + len(pos)))
 
 
-def move(w, node, order: list[int]):
-    """permute / transpose of a tensor whose features span several axes (or of attention scores)."""
+# --------------------------------------------------------------------------------------- axis moves
+def _order(node, ndim: int) -> list[int]:
+    """The axis order of a permute / transpose / ``.T`` node: output axis ``i`` is input axis ``order[i]``."""
+    name = name_of(node.target)
+    order = list(range(ndim))
+    if node.target is getattr or name == "t":
+        return order[::-1]
+    args = list(node.args[1:])
+    if name == "transpose":
+        d0 = args[0] if args else node.kwargs["dim0"]
+        d1 = args[1] if len(args) > 1 else node.kwargs["dim1"]
+        order[d0 % ndim], order[d1 % ndim] = order[d1 % ndim], order[d0 % ndim]
+        return order
+    if name == "movedim":
+        src, dst = args[0] % ndim, args[1] % ndim
+        order.remove(src)
+        order.insert(dst, src)
+        return order
+    dims = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+    return [int(d) % ndim for d in (dims or node.kwargs["dims"])]
+
+
+def move(w, node, op=None):
+    """permute / transpose: the labels follow their axis (a grid's axes, the heads of scores)."""
     st = w.states.get(w.tensor_args(node)[0])
     if isinstance(st, Grid):
+        order = _order(node, len(w.shape(node)))
         return Grid(tuple(order.index(a) for a in st.axes), st.sizes, st.segs, st.producer)
-    return Scores(order.index(st.axis), st.heads, st.follows)
+    if isinstance(st, Scores):
+        return Scores(_order(node, len(w.shape(node))).index(st.axis), st.heads, st.follows)
+    if w.is_fixed(st) or isinstance(st, Attr):
+        return UNLABELLED
+    return st.moved(_order(node, len(w.shape(node))).index(st.axis))
 
 
 # ------------------------------------------------------------------------------------ cutting labels
@@ -210,7 +247,7 @@ def _piece(w, node, st, dim: int, lo: int, hi: int, drop: bool):
     return Grid(tuple(axes), tuple(sizes), segs, st.producer)
 
 
-def pieces(w, node) -> Multi | None:
+def pieces(w, node, op=None) -> Multi | None:
     """``split`` / ``chunk`` / ``unbind`` / ``tensor_split`` of a labelled tensor (a
     :class:`~.labels.Multi`)."""
     src = w.tensor_args(node)[0]
@@ -220,9 +257,8 @@ def pieces(w, node) -> Multi | None:
     metas = node.meta.get("tensor_meta")
     shapes = [tuple(m.shape) for m in metas]
     in_shape = tuple(w.shape(src))
-    name = rules.name_of(node.target)
-    unbind = "unbind" in name
-    dim = _arg(node, 1 if unbind else 2, "dim", 0)
+    unbind = "unbind" in name_of(node.target)
+    dim = w.arg(node, 1 if unbind else 2, "dim", 0)
     dim %= len(in_shape)
     if unbind:
         return Multi(tuple(_piece(w, node, st, dim, i, i + 1, True) for i in range(len(shapes))))
@@ -233,27 +269,22 @@ def pieces(w, node) -> Multi | None:
     return Multi(tuple(out))
 
 
-def _arg(node, i: int, key: str, default):
-    return node.args[i] if len(node.args) > i else node.kwargs.get(key, default)
-
-
-def index(w, node):
-    """``x[idx]`` (``operator.getitem``) and ``aten.select`` / ``aten.slice``; an item of a tuple."""
+def index(w, node, op=None):
+    """``x[idx]`` (``operator.getitem``) and ``aten.select`` / ``aten.slice`` of a tensor (an item of a
+    tuple is the walk's own: :func:`.rules.apply`)."""
     src = node.args[0]
     st = w.states.get(src) if isinstance(src, torch.fx.Node) else None
-    if isinstance(st, Multi):
-        return st.items[node.args[1]]
     if isinstance(st, Attr) or w.is_fixed(st):
         return UNLABELLED
     in_shape = tuple(w.shape(src))
-    name = rules.name_of(node.target)
+    name = name_of(node.target)
     if name == "select":
-        dim = _arg(node, 1, "dim", 0) % len(in_shape)
-        i = _arg(node, 2, "index", 0) % in_shape[dim]
+        dim = w.arg(node, 1, "dim", 0) % len(in_shape)
+        i = w.arg(node, 2, "index", 0) % in_shape[dim]
         return _piece(w, node, st, dim, i, i + 1, True)
     if name == "slice":
-        dim = _arg(node, 1, "dim", 0) % len(in_shape)
-        lo, hi, step = _arg(node, 2, "start", None), _arg(node, 3, "end", None), _arg(node, 4, "step", 1)
+        dim = w.arg(node, 1, "dim", 0) % len(in_shape)
+        lo, hi, step = w.arg(node, 2, "start"), w.arg(node, 3, "end"), w.arg(node, 4, "step", 1)
         return _sliced(w, node, st, dim, slice(lo, hi, step), in_shape)
     idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if any(isinstance(i, (torch.fx.Node, list, torch.Tensor)) for i in idx):
@@ -304,94 +335,109 @@ def _insert_axis(st, at: int):
     return Grid(tuple(up(a) for a in st.axes), st.sizes, st.segs, st.producer)
 
 
+def patch_merging(w, node, op=None) -> State:
+    """torchvision's ``_patch_merging_pad``: ``(..., H, W, C) -> (..., H/2, W/2, 4C)``, four position
+    subsamples side by side, each with the channels' labels."""
+    st = w.input(node)
+    if not st.segs:
+        return UNLABELLED
+    if st.axis != len(w.shape(node)) - 1:
+        raise w.refuse(node, "a patch merging of a tensor whose channels are not last", "use (B, H, W, C)")
+    return State(st.axis, st.segs * 4, st.producer)
+
+
 # ------------------------------------------------------------------------------------ parameter views
-_SAME = {"contiguous", "clone", "detach", "to", "float", "double", "half", "type_as", "alias", "_to_copy",
-         "lift_fresh_copy"}
-_EXPAND = {"expand", "expand_as", "broadcast_to"}
-_RESHAPE = {"view", "reshape", "unsqueeze", "squeeze", "flatten", "_unsafe_view", "unflatten"}
-_MOVE = {"permute", "transpose", "t", "movedim"}
-# Functions that are views of their first argument, known by module and name: output axis -> input axis.
-WRAPPED_VIEWS = {
-    # (1, heads, N, N) from the (positions, heads) table: the heads axis is the table's last axis
-    ("torchvision.models.swin_transformer", "_get_relative_position_bias"):
-        lambda ndim: (None, 1, None, None),
-}
+def _param_inputs(w, node) -> list[torch.fx.Node]:
+    """The inputs of ``node`` that are parameters (or views of them)."""
+    return [a for a in w.nested_nodes((node.args, node.kwargs)) if isinstance(w.states.get(a), Attr)]
 
 
-def attr_view(w, node) -> Attr:
-    """The state of a tensor computed from parameters alone (module docstring)."""
-    srcs = [a for a in w.nested_nodes((node.args, node.kwargs)) if isinstance(w.states.get(a), Attr)]
+def _param_view(w, node, axes_of, sources: int | None = 1) -> Attr:
+    """The state of ``node``, computed from parameters alone: the parameter of its first input, with the
+    axis map ``axes_of(node, axes, in_shape, out_shape)`` gives (``None``: opaque). ``sources`` is how many
+    parameter inputs the view may read (``None``: any)."""
+    srcs = _param_inputs(w, node)
     src = w.states[srcs[0]]
     out_shape = tuple(w.shape(node) or ())
-    name = rules.name_of(node.target)
-    key = (getattr(node.target, "__module__", None), getattr(node.target, "__name__", None))
-    opaque = Attr(src.name, out_shape, src.in_state_dict, opaque=True)
-    if key in WRAPPED_VIEWS:
-        return Attr(src.name, out_shape, src.in_state_dict, WRAPPED_VIEWS[key](len(out_shape)))
-    if src.opaque or len(srcs) != 1 and name not in _EXPAND:
-        return opaque
-    in_shape = src.shape
-    axes = tuple(src.param_axis(i) for i in range(len(in_shape)))
-    if name in _SAME:
-        new = axes
-    elif name in _EXPAND:
+    new = None
+    if not src.opaque and (sources is None or len(srcs) == sources):
+        axes = tuple(src.param_axis(i) for i in range(len(src.shape)))
+        new = axes_of(node, axes, src.shape, out_shape)
+    if new is None:
+        return Attr(src.name, out_shape, src.in_state_dict, opaque=True)
+    return Attr(src.name, out_shape, src.in_state_dict, new)
+
+
+def opaque_param(w, node, op=None) -> Attr:
+    """A tensor computed from parameters by anything but a view: no label may act on it."""
+    return _param_view(w, node, lambda *_: None)
+
+
+def same_param(w, node, op=None) -> Attr:
+    """``contiguous``, ``clone``, ``to``, ...: the parameter itself."""
+    return _param_view(w, node, lambda node, axes, i, o: axes)
+
+
+def expanded_param(w, node, op=None) -> Attr:
+    """``expand`` / ``expand_as`` / ``broadcast_to``: the new and broadcast axes map to no parameter axis."""
+    def axes_of(node, axes, in_shape, out_shape):
         pad = len(out_shape) - len(in_shape)
-        new = (None,) * pad + tuple(a if in_shape[i] == out_shape[pad + i] else None
-                                    for i, a in enumerate(axes))
-    elif name in _RESHAPE:
+        return (None,) * pad + tuple(a if in_shape[i] == out_shape[pad + i] else None
+                                     for i, a in enumerate(axes))
+
+    return _param_view(w, node, axes_of, sources=None)
+
+
+def reshaped_param(w, node, op=None) -> Attr:
+    """A reshape adding or removing axes of size 1 (any other reshape of a parameter is opaque)."""
+    def axes_of(node, axes, in_shape, out_shape):
         new = [None] * len(out_shape)
         for gi, gj in groups(in_shape, out_shape):
             if len(gi) == 1 and len(gj) == 1:
                 new[gj[0]] = axes[gi[0]]
             elif gi or gj:
-                return opaque
-        new = tuple(new)
-    elif name in _MOVE or (node.target is getattr and node.args[1] in ("T", "mT")):
-        order = _order(node, len(in_shape))
-        new = tuple(axes[o] for o in order)
-    elif node.target is operator.getitem or name == "getitem":
-        new = _attr_index(node, axes, in_shape)
-        if new is None:
-            return opaque
-    else:
-        return opaque
-    return Attr(src.name, out_shape, src.in_state_dict, new)
+                return None
+        return tuple(new)
+
+    return _param_view(w, node, axes_of)
 
 
-def _order(node, ndim: int) -> list[int]:
-    """The axis order of a permute / transpose / ``.T`` node: output axis ``i`` is input axis ``order[i]``."""
-    name = rules.name_of(node.target)
-    order = list(range(ndim))
-    if node.target is getattr or name == "t":
-        return order[::-1]
-    args = list(node.args[1:])
-    if name == "transpose":
-        d0 = args[0] if args else node.kwargs["dim0"]
-        d1 = args[1] if len(args) > 1 else node.kwargs["dim1"]
-        order[d0 % ndim], order[d1 % ndim] = order[d1 % ndim], order[d0 % ndim]
-        return order
-    if name == "movedim":
-        src, dst = args[0] % ndim, args[1] % ndim
-        order.remove(src)
-        order.insert(dst, src)
-        return order
-    dims = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-    return [int(d) % ndim for d in (dims or node.kwargs["dims"])]
+def moved_param(w, node, op=None) -> Attr:
+    """``permute`` / ``transpose`` / ``.t()`` / ``movedim`` / ``.T`` / ``.mT`` of a parameter (another
+    attribute read with ``getattr`` is opaque)."""
+    if node.target is getattr and node.args[1] not in ("T", "mT"):
+        return opaque_param(w, node)
+
+    def axes_of(node, axes, in_shape, out_shape):
+        return tuple(axes[k] for k in _order(node, len(in_shape)))
+
+    return _param_view(w, node, axes_of)
 
 
-def _attr_index(node, axes, in_shape):
-    idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-    if any(i is Ellipsis or isinstance(i, (torch.fx.Node, list)) for i in idx):
-        return None
-    out, k = [], 0
-    for i in idx:
-        if i is None:
-            out.append(None)
-        elif isinstance(i, int):
-            k += 1
-        elif isinstance(i, slice) and i.indices(in_shape[k]) == (0, in_shape[k], 1):
-            out.append(axes[k])
-            k += 1
-        else:
+def indexed_param(w, node, op=None) -> Attr:
+    """A parameter indexed by whole slices and ints, with new axes (``None``); other indexing is opaque."""
+    def axes_of(node, axes, in_shape, out_shape):
+        idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if any(i is Ellipsis or isinstance(i, (torch.fx.Node, list)) for i in idx):
             return None
-    return tuple(out) + tuple(axes[k:])
+        out, k = [], 0
+        for i in idx:
+            if i is None:
+                out.append(None)
+            elif isinstance(i, int):
+                k += 1
+            elif isinstance(i, slice) and i.indices(in_shape[k]) == (0, in_shape[k], 1):
+                out.append(axes[k])
+                k += 1
+            else:
+                return None
+        return tuple(out) + tuple(axes[k:])
+
+    return _param_view(w, node, axes_of)
+
+
+def relative_position_bias(w, node, op=None) -> Attr:
+    """torchvision's ``_get_relative_position_bias``: ``(1, heads, N, N)`` from the ``(positions, heads)``
+    table, the heads axis being the table's last axis."""
+    src = w.states[_param_inputs(w, node)[0]]
+    return Attr(src.name, tuple(w.shape(node) or ()), src.in_state_dict, (None, 1, None, None))

@@ -1,0 +1,185 @@
+r"""Rules for the operations without parameters that treat each channel (feature) on its own: activations,
+pooling and dropout, arithmetic with broadcasting, reductions over positions, concatenation (book:
+chapter "Symmetries of real architectures"; paper App. D.4). See :mod:`symlib.symmetry.trace`; the table
+that picks these rules is :mod:`~symlib.symmetry.trace.rules`.
+
+* ReLU, LeakyReLU, max / average pooling, dropout, identity: both labels pass; they commute with a
+  permutation of the channels and are positively homogeneous,
+  :math:`\mathrm{relu}(\lambda z) = \lambda\,\mathrm{relu}(z)` for :math:`\lambda > 0`.
+* tanh, GELU, SiLU, sigmoid, softmax, ...: the permutation passes, the scale is fixed, and the layer is
+  recorded in ``Spec.no_scaling``.
+* ``a + b`` (a residual) merges the labels of both sides; ``a * b`` (a gate) merges their permutations and
+  keeps the scale of one factor, the other's fixed; ``a / b`` keeps ``a``'s scale; a number added fixes the
+  scale, a number multiplied keeps it. A parameter of the model used in such an operation (a layer-scale
+  vector, a bias) moves with the channels it meets.
+* mean / sum / amax over positions (a global pool): the labels stay on their axis; over the channel axis:
+  refused.
+* ``torch.cat`` along the channel axis lays its parts' labels end to end (``Action.start``); along another
+  axis its parts must carry the same labels.
+
+Every rule is ``rule(walker, node, op) -> state`` (:mod:`~symlib.symmetry.trace.rules`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch import nn
+
+from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, State
+from symlib.symmetry.trace.walker import name_of
+
+
+# ---------------------------------------------------------------------------------------- activations
+def passthrough(w, node, op=None) -> State:
+    """Permutation-equivariant and positively homogeneous: the input's labels pass."""
+    return w.input(node)
+
+
+def nonhomogeneous(w, node, op) -> State:
+    """Element-wise but not positively homogeneous: the permutation passes, the scale is fixed."""
+    layer, what = (node.target, type(op).__name__) if isinstance(op, nn.Module) else (node.name, name_of(op))
+    return w.fix_scales(w.input(node), layer, f"uses {what}, which is not positively homogeneous")
+
+
+# ---------------------------------------------------------------------------------------- arithmetic
+def add(w, node, op=None) -> State:
+    """``a + b``, ``a - b`` (module docstring)."""
+    return elementwise(w, node, "add")
+
+
+def mul(w, node, op=None) -> State:
+    """``a * b`` (module docstring)."""
+    return elementwise(w, node, "mul")
+
+
+def div(w, node, op=None) -> State:
+    """``a / b`` (module docstring)."""
+    return elementwise(w, node, "div")
+
+
+def elementwise(w, node, op: str) -> State:
+    """``a + b``, ``a - b``, ``a * b``, ``a / b`` with broadcasting (module docstring)."""
+    out_shape = tuple(w.shape(node))
+    nd = len(out_shape)
+    args = list(node.args[:2]) + [node.kwargs[k] for k in ("other",) if k in node.kwargs]
+    items, numbers = [], 0  # (state or Attr or None, shape padded to the output's rank, axis offset)
+    for arg in args:
+        node_arg = isinstance(arg, torch.fx.Node)
+        st = w.states.get(arg) if node_arg else None
+        shape = st.shape if isinstance(st, Attr) else (w.shape(arg) if node_arg else None)
+        if shape is None:
+            numbers += 1
+            continue
+        items.append((st, (1,) * (nd - len(shape)) + tuple(shape), nd - len(shape)))
+    labelled = [(st, shape, off) for st, shape, off in items if isinstance(st, State) and not w.is_fixed(st)]
+    if not labelled:
+        return UNLABELLED
+    axes = {st.axis + off for st, _, off in labelled}
+    if len(axes) != 1:
+        raise w.refuse(node, "an element-wise operation on tensors labelled on different axes",
+                       "combine tensors with the same layout")
+    axis = axes.pop()
+    size = out_shape[axis]
+    full = [st for st, shape, _ in labelled if shape[axis] == size]
+    if not full:  # only channel-independent labelled operands (e.g. a (N, 1, H, W) map): no scale survives
+        for st, _, _ in labelled:
+            w.fix_scales(st)
+        return UNLABELLED
+    main = full[0]
+    if op == "mul":  # the product keeps the scale of a factor that still has one (x * gate, act(g) * v)
+        main = next((st for st in full if any(w.scale_uf.find(x.scale) != FIXED for x in st.segs)), main)
+    scales = op == "add"  # a sum ties the scales of its terms; a product keeps one factor's scale
+    segs = main.segs
+    for st, shape, _ in items:
+        if shape[axis] == size and st is not main and not isinstance(st, Attr):
+            segs = w.merge(segs, w.segments(None if w.is_fixed(st) else st, size), node, scales=scales)
+    if op == "add":
+        for st, shape, _ in labelled:
+            if shape[axis] == 1:
+                w.fix_scales(st)  # a channel-independent term ties every channel's scale: fix them
+        if numbers or any(shape[axis] == 1 and not (isinstance(st, State) and not w.is_fixed(st))
+                          for st, shape, _ in items):
+            w.fix_scales(State(axis, segs), node.name, "adds a constant, which breaks positive homogeneity")
+    else:
+        first = args[0] if args else None
+        numerator = isinstance(first, torch.fx.Node) and w.states.get(first) is main
+        keep = main if op == "mul" or numerator else None
+        for st, _, _ in labelled:
+            if st is not keep:
+                w.fix_scales(st)
+    for st, shape, off in items:
+        if isinstance(st, Attr) and shape[axis] != 1:
+            _attr_actions(w, node, st, segs, axis - off, with_scale=op == "add")
+        elif isinstance(st, Attr) and op == "add":
+            w.fix_scales(State(axis, segs), node.name, "adds a constant, which breaks positive homogeneity")
+    return State(axis, tuple(segs), main.producer)
+
+
+def _attr_actions(w, node, attr: Attr, segs, axis: int, with_scale: bool) -> None:
+    """A parameter combined with labelled channels moves with them; added to them, it also scales with
+    them (as a bias does)."""
+    if not attr.in_state_dict:
+        raise w.refuse(node, f"the constant {attr.name!r} combined with labelled channels",
+                       "make it a parameter or buffer of the model, or keep it off labelled tensors")
+    if len(attr.shape) == 0 or axis < 0:
+        return
+    pa = attr.param_axis(axis)
+    if pa is None:
+        raise w.refuse(node, f"the parameter {attr.name!r} used outside a layer, computed into a tensor that "
+                       "meets labelled channels", "use the parameter itself (or a view of it: expand, "
+                       "unsqueeze, permute), or through an nn.Module layer")
+    w.act_on(attr.name, pa, segs, 1 if with_scale else 0, scales=with_scale)
+
+
+# ------------------------------------------------------------------------------- reductions, concatenation
+def reduce(w, node, op=None) -> State:
+    """mean / sum / amax over positions (a global pool): the labels stay; over the channel axis: refused."""
+    st = w.input(node)
+    in_shape = w.shape(w.tensor_args(node)[0])
+    if w.is_fixed(st):
+        return UNLABELLED
+    dims = w.arg(node, 1, "dim")
+    if dims is None:
+        raise w.refuse(node, "a reduction of a labelled tensor over all its axes", "reduce over positions")
+    dims = {d % len(in_shape) for d in ((dims,) if isinstance(dims, int) else tuple(dims))}
+    keepdim = w.arg(node, 2, "keepdim", False)
+    if st.axis in dims or 0 in dims or any(s.inner != 1 for s in st.segs):
+        raise w.refuse(
+            node, f"a reduction over axes {sorted(dims)} of a tensor labelled on axis {st.axis}",
+            "reduce over positions (a global pool), not over channels or the batch",
+        )
+    return st.moved(st.axis if keepdim else st.axis - sum(d < st.axis for d in dims))
+
+
+def cat(w, node, op=None) -> State:
+    """``torch.cat``: along the labelled axis the parts' labels are laid end to end; along another axis
+    the parts must carry the same labels."""
+    parts = w.arg(node, 0, "tensors")
+    dim = w.arg(node, 1, "dim", 0)
+    dim %= len(w.shape(node))
+    states = [(t, w.states.get(t)) for t in parts]
+    labelled = [st for _, st in states if not w.is_fixed(st)]
+    if not labelled:
+        return UNLABELLED
+    if any(not isinstance(st, State) for st in labelled):
+        raise w.refuse(node, "a concatenation of features split into heads or of attention scores",
+                       "merge the heads back first")
+    if len({st.axis for st in labelled}) != 1:
+        raise w.refuse(node, "a concatenation of tensors labelled on different axes",
+                       "concatenate tensors with the same layout")
+    axis = labelled[0].axis
+    if axis == dim:
+        segs = []
+        for t, st in states:
+            segs += w.segments(None if w.is_fixed(st) else st, w.shape(t)[dim])
+        return State(axis, tuple(segs), labelled[-1].producer)
+    segs = labelled[0].segs
+    for t, st in states:
+        if isinstance(st, Attr) and st.in_state_dict and not st.opaque:
+            continue  # a parameter (a class token) concatenated to labelled features moves with them
+        segs = w.merge(segs, w.segments(None if w.is_fixed(st) else st, w.shape(t)[axis]), node)
+    for _, st in states:
+        if isinstance(st, Attr) and st.in_state_dict and not st.opaque:
+            _attr_actions(w, node, st, segs, axis, with_scale=True)
+    return State(axis, segs, labelled[-1].producer)
