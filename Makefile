@@ -50,7 +50,7 @@ help:
 	@echo "make chapters CHAPTERS='toy' SCALE=tiny - run some chapters only (JOBS=$(JOBS) at a time)"
 	@echo "make html [EDITION=student] - HTML only, from the committed chapters (student: no solutions)"
 	@echo "make html-both - both editions, strictly (build/_build/html, build/student/_build/html)"
-	@echo "make lab    - JupyterLab on notebooks/: the chapters open as notebooks through jupytext"
+	@echo "make lab    - JupyterLab on notebooks/: the chapters open as notebooks through jupytext, MyST rendered"
 	@echo "make slides - one reveal.js deck per chapter, from the committed chapters (build/slides)"
 	@echo "make assignments [SCALE=cpu] - nbgrader notebooks of the computational exercises (build/assignments)"
 	@echo "make grade SUBMISSIONS=dir - grade dir/<student>/<chapter>.ipynb (build/grades/grades.csv)"
@@ -206,8 +206,9 @@ unit: $(VENV)/.installed
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -n $(UNIT_WORKERS) --dist worksteal \
 	  --ignore=tests/book tests
 
-# Re-executes the committed chapters and compares the outputs marked NBVAL_CHECK_OUTPUT, in the lanes of
-# `make chapters` (one pytest per chapter, LANES at a time, longest first, LANE_THREADS threads each).
+# Re-executes the committed chapters and compares the outputs of the cells tagged nbval-check-output (the
+# `:tags:` of a cell in notebooks/<name>.md), in the lanes of `make chapters` (one pytest per chapter, LANES
+# at a time, longest first, LANE_THREADS threads each).
 nbval: $(VENV)/.installed
 	mkdir -p $(MPLCONFIGDIR) $(IPYTHONDIR)
 	$(CHECK_CACHES)
@@ -223,7 +224,8 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check symlib tests benchmarks course
 
 # The course: JupyterLab on the chapter sources, where a double click opens a chapter's .md as a notebook
-# (jupytext); its settings stay in the build folder.
+# (jupytext) whose text renders as MyST (jupyterlab-myst, pinned in requirements.lock: directives such as
+# {exercise}, roles such as {term}, math); its settings stay in the build folder.
 LAB_SETTINGS := $(CURDIR)/$(BUILD)/cache/lab/user-settings
 lab: env
 	mkdir -p $(LAB_SETTINGS)/@jupyterlab/docmanager-extension

@@ -19,6 +19,7 @@ One module per concept:
   the two editions and the launch buttons: the plain Python behind the book's Sphinx extension
   ``book/_ext/course_book.py``;
 * :mod:`course.asserts`: the ``assert`` statements of a cell and which of them run at given parameters;
+* :mod:`course.glue`: the values a chapter glues, pasted into its text for notebooks read outside the book;
 * :mod:`course.assignments`: nbgrader assignments from the computational exercises;
 * :mod:`course.grading`: grading a folder of submissions with nbgrader;
 * :mod:`course.slides`: what of a chapter goes on its deck;

@@ -14,6 +14,11 @@ work there):
 * ``gradebook.db``, nbgrader's record of the source cells, from which ``autograde`` puts the hidden
   tests back.
 
+Students read the notebooks in JupyterLab, which renders MyST (jupyterlab-myst) but resolves no
+``{glue}``: the text comes with the values the chapter glued pasted in (:mod:`course.glue`), those of
+the executed notebook ``book/<name>.ipynb``, formatted as the book formats them, its glued figures as
+cell attachments, and a note under the title that says so (the students' own runs compute their own).
+
 A computational exercise is one whose solution (``{solution-start}`` ... ``{solution-end}``) holds
 code cells. Its tests are the code cells of the solution that assert something, and the top-level
 ``assert`` statements of its other cells; the rest of its code is the answer. The answer cell names
@@ -57,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ROOT
+from . import glue as course_glue
 from .asserts import active_asserts, has_assert, split_asserts
 from .book import scan_notebook, select_chapters
 from .notebooks import read, source, tags, write
@@ -177,8 +183,20 @@ def _code(source: str, meta: dict, tags: list[str] | None = None) -> dict:
     return {"cell_type": "code", "execution_count": None, "metadata": md, "outputs": [], "source": source}
 
 
-def _markdown(source: str) -> dict:
-    return {"cell_type": "markdown", "metadata": {}, "source": source}
+def _markdown(source: str, attachments: dict | None = None) -> dict:
+    cell = {"cell_type": "markdown", "metadata": {}, "source": source}
+    if attachments:
+        cell["attachments"] = attachments
+    return cell
+
+
+def glue_note(name: str, nb: dict) -> str:
+    """The note at the top of a notebook whose text holds the values the chapter glued."""
+    scale = course_glue.ran_at(nb)
+    at = f", at the `{scale}` scale" if scale else ""
+    return (":::{note}\nThe numbers and figures in the text are those of the book's own run of this chapter "
+            f"(`book/{name}.ipynb`{at}); the code cells, run at the scale of the parameters cell, compute "
+            "their own.\n:::\n")
 
 
 def _set_scale(source: str, scale: str) -> str:
@@ -200,6 +218,9 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
     exs = exercises(nb)
     for ex in exs:
         ex.graded = asserts_at(ex, scale)
+    ran = course_glue.ran_at(nb)
+    paster = course_glue.Paster(course_glue.values(nb),
+                                f"`book/{name}.ipynb`" + (f" (scale `{ran}`)" if ran else ""))
     by_label = {ex.label: ex for ex in exs}
     index = solution_index(nb)
     labels: dict[int, str] = {}
@@ -218,8 +239,9 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
         if cell["cell_type"] == "markdown":
             lines = zip(source(cell).splitlines(), row, strict=False)
             kept = "\n".join(line for line, s in lines if s is None).strip()
-            if kept:
-                cells.append(_markdown(kept + "\n"))
+            if kept:  # the glued values pasted in: nothing outside the book resolves {glue} roles
+                text, attachments = paster.paste(kept)
+                cells.append(_markdown(text + "\n", attachments))
             continue
         if cell["cell_type"] != "code":
             continue
@@ -250,6 +272,13 @@ def source_notebook(name: str, nb: dict, scale: str) -> tuple[dict, list[Exercis
             src = _set_scale(src, scale)
         n += 1
         cells.append(_code(src, _nbgrader(f"{name}-cell-{n:03d}", locked=True), sorted(cell_tags) or None))
+    if paster.pasted:  # under the title: the numbers of the text are those of the book's run
+        first = cells[0] if cells and cells[0]["cell_type"] == "markdown" else None
+        title, _, rest = first["source"].partition("\n") if first else ("", "", "")
+        if first and title.startswith("# "):
+            first["source"] = f"{title}\n\n{glue_note(name, nb)}\n{rest.lstrip()}"
+        else:
+            cells.insert(0, _markdown(glue_note(name, nb)))
     meta = {k: v for k, v in nb.get("metadata", {}).items() if k in ("kernelspec", "language_info")}
     for i, cell in enumerate(cells):
         cell["id"] = f"{name}-{i:03d}"

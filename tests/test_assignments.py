@@ -295,6 +295,70 @@ def test_assignments_never_write_into_a_teachers_folder(tmp_path):
              "--scale 'huge'")
 
 
+_GLUE_TEXT = re.compile(r"\{glue:text\}`(?P<key>[^`:]+):(?P<spec>[^`]+)`")
+
+
+def _glued_output(nb: dict, key: str, mime: str = "text/plain") -> str:
+    """What the executed notebook glued as ``key`` (myst-nb's scrapbook output), its last value."""
+    outputs = [o for cell in nb["cells"] for o in cell.get("outputs", [])]
+    found = [o["data"]["application/papermill.record/" + mime] for o in outputs
+             if o.get("metadata", {}).get("scrapbook", {}).get("name") == key]
+    return _src({"source": found[-1]})
+
+
+def test_student_notebooks_show_the_glued_values_not_glue_roles(tiny):
+    """JupyterLab resolves no {glue} role: the release has every value of the chapter's executed notebook
+    pasted in, formatted as the role asks (a value it has no number for would point to the book)."""
+    course, made = tiny
+    checked = 0
+    for name, labels in made.items():
+        if not labels:
+            continue
+        release = _notebook(course / "release" / name / f"{name}.ipynb")
+        text = json.dumps(release, ensure_ascii=False)
+        assert "{glue" not in text, f"{name}: a glue role or directive in the student's notebook"
+        assert "does not hold" not in text, f"{name}: every value of the text is in book/{name}.ipynb"
+        executed = _notebook(ROOT / "book" / f"{name}.ipynb")
+        assert "at the `cpu` scale" in _src(release["cells"][0]), "the note: the numbers are the book's run"
+        md = "\n".join(_src(c) for c in release["cells"] if c["cell_type"] == "markdown")
+        for cell in executed["cells"]:  # the first role with a format spec: its line, with the value
+            line = next((x for x in _src(cell).splitlines() if _GLUE_TEXT.search(x)), None)
+            if cell["cell_type"] == "markdown" and line:
+                m = _GLUE_TEXT.search(line)
+                value = format(float(_glued_output(executed, m["key"])), m["spec"])
+                pasted = line.replace(m.group(0), value)
+                assert pasted in md, f"{name}: {m.group(0)} is not {value} in {pasted!r}"
+                checked += 1
+                break
+    assert checked >= 2
+
+
+def test_glued_figures_are_cell_attachments(course):
+    """Every chapter's student notebook holds no glue role; its glued figures travel as attachments of the
+    markdown cell that shows them (a MyST {figure} of ``attachment:<name>.png``), byte for byte."""
+    out, made = course
+    figures = 0
+    for name, labels in made.items():
+        if not labels:
+            continue
+        release = _notebook(out / "release" / name / f"{name}.ipynb")
+        assert "{glue" not in json.dumps(release, ensure_ascii=False), name
+        executed = _notebook(ROOT / "book" / f"{name}.ipynb")
+        shown = re.findall(r"^\s*(?:`{3,}|:{3,})\{glue:figure\}\s*(\S+)",
+                           "\n".join(_src(c) for c in course_book.strip_notebook(executed)["cells"]
+                                     if c["cell_type"] == "markdown"), re.M)
+        attached = {}
+        for cell in release["cells"]:
+            for file, data in cell.get("attachments", {}).items():
+                assert f"{{figure}} attachment:{file}" in _src(cell)
+                attached[file.rsplit(".", 1)[0]] = data["image/png"]
+        assert sorted(attached) == sorted(shown), name
+        for key, png in attached.items():
+            assert _src({"source": png}) == _glued_output(executed, key, "image/png"), f"{name}: {key}"
+        figures += len(attached)
+    assert figures > 0
+
+
 def test_a_typo_in_a_chapter_changes_nothing(tiny):
     course, _ = tiny
     before = _snapshot(course)
