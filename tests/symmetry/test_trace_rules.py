@@ -320,3 +320,25 @@ def test_group_laws_and_batched_elements_on_slices(arch):
     assert _max_diff(ops.act(ops.inverse(g1, spec), ops.act(g1, theta, spec), spec), theta) < 1e-12
     two = ops.act(g2, ops.act(g1, theta, spec), spec)
     assert _max_diff(ops.act(ops.compose(g2, g1, spec), theta, spec), two) < 1e-12
+
+
+def test_pooling_in_torch_namespace_traces_like_its_functional_form():
+    """``torch.max_pool2d(x, 2)`` is the function ``F.max_pool2d`` itself calls; it was refused while
+    ``nn.MaxPool2d`` traced."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    import symlib
+
+    class Net(nn.Module):
+        def __init__(self, pool):
+            super().__init__()
+            self.conv, self.fc, self.pool = nn.Conv2d(1, 4, 3), nn.Linear(4 * 3 * 3, 2), pool
+
+        def forward(self, x):
+            return self.fc(self.pool(torch.relu(self.conv(x)), 2).flatten(1))
+
+    shape = (1, 8, 8)
+    specs = [symlib.spec_of(Net(pool).double(), shape) for pool in (F.max_pool2d, torch.max_pool2d)]
+    assert specs[0].perms == specs[1].perms == {"conv": 4}
+    assert specs[0].actions == specs[1].actions

@@ -285,3 +285,27 @@ def test_unsupported_attention_is_refused_by_name(make, shape, match):
     with pytest.raises(SymmetryError, match=match) as err:
         spec_of(make().double().eval(), shape)
     assert "at node" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs", [False, True], ids=["fx", "export"])
+def test_a_vocab_larger_than_the_embedding_is_refused(kwargs):
+    """The functional checks draw token ids below ``vocab``: a larger ``vocab`` than the embedding's rows
+    was an IndexError inside them; it is refused where it is given, naming the embedding and the fix."""
+
+    class Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(30, 8)
+            self.fc = torch.nn.Linear(8, 3)
+
+        def forward(self, ids):
+            return self.fc(torch.relu(self.emb(ids))).mean(1)
+
+    class TokensKw(Tokens):  # **kwargs: torch.fx refuses it, torch.export traces it
+        def forward(self, ids, **kw):
+            return super().forward(ids)
+
+    model = (TokensKw if kwargs else Tokens)().double()
+    assert spec_of(model, (6,), vocab=30).vocab == 30
+    with pytest.raises(SymmetryError, match=r"vocab=50000 is larger than the 30 rows of the embedding .*vocab=30"):
+        spec_of(model, (6,), vocab=50000)

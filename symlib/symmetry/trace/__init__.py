@@ -165,8 +165,29 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
     records = Walker(model, gm, rules.apply).walk()
     spec = with_scalings(assemble(records, model), scalings)
     if vocab is not None:
+        _check_vocab(gm, int(vocab))
         spec = dataclasses.replace(spec, vocab=int(vocab))
     return spec.with_forward(_eval_forward(model), input_shape)
+
+
+def _check_vocab(gm: torch.fx.GraphModule, vocab: int) -> None:
+    """Refuse a ``vocab`` larger than the rows of an embedding that reads the token ids (the graph's
+    input) directly: the functional checks would draw ids it cannot look up."""
+    inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    for node in gm.graph.nodes:
+        table = None
+        if node.op == "call_module" and node.args and node.args[0] in inputs:
+            mod = gm.get_submodule(node.target)
+            table = (node.target, mod.num_embeddings) if isinstance(mod, nn.Embedding) else None
+        elif node.op == "call_function" and "embedding" in getattr(node.target, "__name__", str(node.target)):
+            first, second = node.args[0], node.args[1]
+            ids, weight = (first, second) if first in inputs else (second, first)
+            meta = getattr(weight, "meta", {}).get("tensor_meta") if ids in inputs else None
+            table = (weight.name, int(meta.shape[0])) if meta is not None else None
+        if table is not None and vocab > table[1]:
+            raise SymmetryError(f"vocab={vocab} is larger than the {table[1]} rows of the embedding "
+                                f"{table[0]!r} that reads the token ids; pass vocab={table[1]} (the "
+                                f"tokenizer's vocabulary size, at most the embedding's rows)")
 
 
 def _trace(model: nn.Module, dummy: torch.Tensor) -> torch.fx.GraphModule:

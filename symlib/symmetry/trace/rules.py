@@ -114,6 +114,7 @@ _ROWS: list[tuple[tuple, Rule]] = [
     ((F.relu, torch.relu, torch.relu_, F.relu_, F.leaky_relu, F.max_pool1d, F.max_pool2d, F.max_pool3d,
       F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
       F.adaptive_avg_pool3d, F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
+      torch.max_pool1d, torch.max_pool2d, torch.max_pool3d, torch.avg_pool1d, torch.adaptive_avg_pool1d,
       operator.neg, torch.neg, ".relu", ".relu_", ".neg", ".__neg__"), _PASS),
     ((F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, "torchvision.ops.stochastic_depth.stochastic_depth"),
      Rule(channelwise.passthrough, **_KEEP)),
