@@ -206,7 +206,9 @@ def test_resnet50_float32_canonical_form():
     by less than float32 rounding (margin about 2e-8): no procedure can order them the same way for
     theta and g . theta, and the margins say so; every tensor that no such label touches has the same
     canonical form. With the key "sum" (a sum of 256 to 4,608 weights, whose rounding errors mostly
-    cancel) all tensors of this network agree for these elements, the old failure included."""
+    cancel) all tensors of this network agree for these elements, the old failure included; its warning
+    still names labels whose sum gaps lie within the sums' rounding bound (a gap of 1.3 units of float32
+    rounding on layer4.0.conv3), since no sound bound can vouch for them."""
     case = _build("resnet50")
     spec, theta = case.spec, case.theta
     ambiguous, touched = _ambiguous(spec, theta)
@@ -214,7 +216,7 @@ def test_resnet50_float32_canonical_form():
     with pytest.warns(canonical.AmbiguousCanonicalForm, match="'layer4.0.conv3'"):  # said, not silent
         canon = canonical.canonicalize(theta, spec, key="max")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", canonical.AmbiguousCanonicalForm)  # the advertised fix is quiet
+        warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)  # warned: within the bound
         canon_sum = canonical.canonicalize(theta, spec, key="sum")
     for seed in (1, 2, 3):
         g = ops.random_element(spec, "both", generator=torch.Generator().manual_seed(seed))
@@ -224,5 +226,8 @@ def test_resnet50_float32_canonical_form():
         diff, where = _relative_diff({k: canon[k] for k in canon if k not in touched},
                                      {k: other[k] for k in canon if k not in touched})
         assert diff < 1e-5, f"max key: {where!r} differs by {diff:.2e} though no ambiguous label acts on it"
-        diff, where = _relative_diff(canon_sum, canonical.canonicalize(moved, spec, key="sum"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)
+            moved_sum = canonical.canonicalize(moved, spec, key="sum")
+        diff, where = _relative_diff(canon_sum, moved_sum)
         assert diff < 1e-5, f"sum key: {where!r} differs by {diff:.2e}"
