@@ -231,7 +231,8 @@ def _docstring(app: Sphinx, what: str, name: str, obj, options, lines: list[str]
         lines[:] = [*first, "", f"Full entry: :{role}:`{home}`.", ""]
         return
     if what in ("data", "attribute") and lines:
-        own = inspect.cleandoc(type(obj).__doc__ or "")
+        own = type(obj).__doc__  # a NamedTuple field's type holds a descriptor here, not a string
+        own = inspect.cleandoc(own if isinstance(own, str) else "")
         if own and "\n".join(lines).strip() == own.strip():
             lines[:] = []
 
