@@ -9,7 +9,7 @@ touched.
 
 Before a tensor's bytes are used they are checked against the file: they must lie inside it and inside
 their storage, and a storage whose file records a CRC-32 (each record of a ``torch.save`` zip archive;
-:attr:`Parsed.records`) is checked against it the first time one of its tensors is read, so a flipped bit
+``Parsed.records``) is checked against it the first time one of its tensors is read, so a flipped bit
 is an error, never a changed weight.
 """
 

@@ -354,7 +354,7 @@ def read(fb: FileBytes, trust_pickle: bool = False) -> Parsed:
     ``torch.load(weights_only=True)``.
 
     A zip archive (``torch.save`` since PyTorch 1.6) records a CRC-32 of every record: each record read
-    is checked against it (by :func:`_fast` and :class:`~symlib.ckpt.lazy.Parsed`, or all of them before
+    is checked against it (by ``_fast`` and :class:`~symlib.ckpt.lazy.Parsed`, or all of them before
     ``torch.load``, which does not check them), so a flipped bit is an error, never a changed weight. A
     file in the legacy format (a plain pickle, ``_use_new_zipfile_serialization=False``) has no checksum:
     damage to its tensors' bytes cannot be detected.

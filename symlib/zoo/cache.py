@@ -141,7 +141,7 @@ def merge(shard_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike) -
     """Check shards of one zoo and combine them into ``out_dir``.
 
     Every shard must hold the same configuration and data; every chunk must be present exactly once
-    and pass :func:`read_chunk`.
+    and pass :func:`symlib.zoo.read_chunk`.
 
     The output folder is checked before any chunk is read; while the chunks are copied its manifest
     names the shards (an interrupted merge says how to finish it), and temporary files an interrupted

@@ -98,8 +98,8 @@ class ZooConfig:
     @property
     def architecture(self) -> _models.Recipe:
         """The recipe of this zoo's network (what its manifest records as ``"architecture"``): the
-        registered network :attr:`arch` (:mod:`symlib.models.registry`) with the arguments it takes of
-        ``num_classes``, ``in_channels`` (:attr:`channels`) and ``width``, and the input shape
+        registered network ``arch`` (:mod:`symlib.models.registry`) with the arguments it takes of
+        ``num_classes``, ``in_channels`` (``channels``) and ``width``, and the input shape
         ``(channels, image_size, image_size)``."""
         net = _models.network(self.arch)
         args = net.arguments(num_classes=self.num_classes, in_channels=self.channels, width=self.width)

@@ -7,7 +7,7 @@ labels reaching it); every other node goes to the rule table (:func:`.rules.appl
 the walker. The rules write through the walker's bookkeeping (:meth:`Walker.new` opens a label,
 :meth:`Walker.act` records an :class:`~symlib.symmetry.spec.Action` of a label on a parameter axis,
 :meth:`Walker.merge` ties the labels of two tensors, ...) and read the graph through its node helpers
-(:meth:`Walker.shape`, :meth:`Walker.arg`, :meth:`Walker.refuse`, ...).
+(``Walker.shape``, ``Walker.arg``, ``Walker.refuse``, ...).
 
 What a walk records is a :class:`Records`: the union-finds of the permutation and scaling labels, the
 actions on the labels as they were when recorded, and the facts the spec needs besides (weights, layers
@@ -44,7 +44,7 @@ class Records:
         perm_uf, scale_uf: the permutation and scaling labels, merged and cut as the rules said.
         actions: every action of a label on a parameter axis, naming the label as it was when recorded
             (its final class and parts are read from the union-finds).
-        weights: the parameters that are weights (:attr:`~symlib.symmetry.spec.Spec.weights`).
+        weights: the parameters that are weights (``Spec.weights``).
         no_scaling: layer -> why it has no scaling symmetry.
         grouped: ``(label, label, G)``: both labels have ``G`` blocks (groups of a convolution, heads of an
             attention) that must move together; a label tied to :data:`~.labels.FIXED` keeps its blocks.
