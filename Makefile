@@ -260,8 +260,11 @@ slides: $(VENV)/.installed
 	$(PY) -m course slides --out $(BUILD)/slides
 	echo "The decks are at file://$(CURDIR)/$(BUILD)/slides/index.html"
 
+# the chapters of `make assignments CHAPTERS="toy minmass"` (given on the command line), else every one
+ASSIGNED = $(if $(filter command line environment,$(origin CHAPTERS)),$(CHAPTERS))
+
 assignments: $(VENV)/.installed
-	$(PY) -m course assignments --course $(BUILD)/assignments --scale $(SCALE) $(if $(TIMEOUT),--timeout $(TIMEOUT))
+	$(PY) -m course assignments --course $(BUILD)/assignments --scale $(SCALE) $(if $(TIMEOUT),--timeout $(TIMEOUT)) $(ASSIGNED)
 	echo "Hand out $(BUILD)/assignments/release/<chapter>/<chapter>.ipynb"
 
 grade: $(VENV)/.installed

@@ -123,3 +123,12 @@ def test_check_runs_every_chapter_at_tiny_scale_into_build_only():
     assert "book/" not in script.replace("--cwd book", "")
     default = dry_run("chapters", "CHAPTERS=toy", "CACHES_READY=1")
     assert "mv build/nb/toy.out.ipynb book/toy.ipynb" in default
+
+
+def test_assignments_honours_its_chapter_list():
+    """``make assignments CHAPTERS="toy minmass"`` builds those chapters only; without it, every one."""
+    given = dry_run("assignments", "CHAPTERS=toy minmass")
+    line = next(x for x in given.splitlines() if "-m course assignments" in x)
+    assert line.split()[-2:] == ["toy", "minmass"], line
+    default = next(x for x in dry_run("assignments").splitlines() if "-m course assignments" in x)
+    assert default.split()[-2:] == ["--scale", "cpu"], default
