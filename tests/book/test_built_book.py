@@ -123,3 +123,16 @@ def test_the_editions_differ_by_the_solutions():
     few = {p: n for p, nb in pages.items() if (n := _n_exercises(nb)) < 4}
     assert not few, f"chapters with fewer than 4 exercises: {few}"
     _check_editions(TEACHER, STUDENT, pages)
+
+
+@pytest.mark.parametrize("edition", ["teacher", "student"])
+def test_result_tables_are_styled_with_padding_and_scroll(edition):
+    """The styled tables had no cell padding and wide ones were cut at the right: every chapter page links
+    the book's table style, which pads cells, keeps row labels on one line and scrolls wide tables."""
+    _built()
+    html = TEACHER if edition == "teacher" else STUDENT
+    css = (html / "_static" / "tables.css").read_text()
+    assert "padding: 0.25em 0.75em" in css and "overflow-x: auto" in css and "white-space: nowrap" in css
+    for page in ("true_posterior", "table1"):
+        text = (html / f"book/{page}.html").read_text()
+        assert "_static/tables.css" in text, page
