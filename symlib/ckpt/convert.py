@@ -149,7 +149,8 @@ def write(
     params = {k: v.detach().cpu().contiguous() for k, v in params.items()}
     per_net = sum(v[0].numel() * v.dtype.itemsize for v in params.values()) or 1
     chunk = chunk or max(1, min(n, CHUNK_BYTES // per_net))
-    ident = {"method": method, "tensors": store.tensor_digest(params), "architecture": recipe.record(out)}
+    architecture = recipe.record(out)  # hashes a factory file: once
+    ident = {"method": method, "tensors": store.tensor_digest(params), "architecture": architecture}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     full = (f"nothing was left at {out} (the set is assembled under a temporary name): free some space and "
             f"run the same command again")
@@ -159,7 +160,7 @@ def write(
         arch, model = _model_record(recipe, {k: tuple(v.shape[1:]) for k, v in params.items()})
         for ch in man["chunks"]:
             ch["sha256"] = store.file_sha256(tmp / ch["file"])
-        man.update({"arch": arch, "model": model, "architecture": recipe.record(out),
+        man.update({"arch": arch, "model": model, "architecture": architecture,
                     "source": store.jsonable(source or {})})
         store.write_manifest(tmp, man)
     return man

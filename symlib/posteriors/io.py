@@ -451,7 +451,8 @@ def networks(params: Params, recipe: _models.Recipe, where: str = "") -> list[to
         real = not any(t.is_meta for t in m.state_dict().values())
         m = m.to(dev, dtype) if real else m.to_empty(device=dev).to(dtype)  # the set's precision
         missing, unexpected = m.load_state_dict({k: v[i] for k, v in params.items()}, strict=False)
-        gaps = [k for k in missing if not real or k in dict(m.named_parameters())]
+        names = {k for k, _ in m.named_parameters()}
+        gaps = [k for k in missing if not real or k in names]
         if gaps or unexpected:
             raise StoreError(
                 f"{where}: network {i} does not fit the manifest's architecture {recipe.describe()} (missing "
