@@ -17,7 +17,13 @@ anywhere else, so a deck follows its chapter whenever the chapter changes:
   its exercises that asserts something;
 * every markdown cell tagged ``slide``, whole;
 * every ``{exercise}``, without its solution (solutions are removed first, with
-  :func:`course.book.strip_notebook`, so none can reach a deck).
+  :func:`course.book.strip_notebook`, so none can reach a deck);
+* the results each section states in its prose: the sentences that carry a glued number
+  (``{glue:text}``), at most :data:`MAX_RESULTS` of them, on a slide "Results: <section>" at the
+  section's end (the numbers are the last run's, as on the chapter's page).
+
+The result slides of a deck are its glued figures (with their captions) and these sentences; the
+claims the chapter asserts follow on the "claims checked" slide.
 
 Each goes on a slide of its own, titled by the chapter's section (``##``) it comes from, in the
 chapter's order. Cross references stay links when their target is on some deck (chapters link to
@@ -47,6 +53,13 @@ _HEADING = re.compile(r"^(?P<hashes>#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
 _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
 _LABEL = re.compile(r"^\s*:(?:label|name):\s*(\S+)", re.M)
 _EQ_LABEL = re.compile(r"\$\$\s*\((?P<label>[\w:-]+)\)\s*$")
+_GLUED = re.compile(r"\{glue(?::\w+)?\}`")
+# a sentence ends at . ! ? followed by a space and a capital, a role, a parenthesis or emphasis
+# ("e.g. the", "Fig. 7" and ":.2f" inside a role do not end one)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z{(*])")
+MAX_RESULTS = 4  # sentences on a section's result slide
+MAX_SENTENCE = 450  # characters: a longer sentence is an explanation, not a result
+RESULT_KINDS = ("figure", "result")  # the slides that show a chapter's results
 
 
 @dataclass
@@ -215,6 +228,12 @@ def _lead_in(prev: Block | None) -> str:
     return parts[-1]
 
 
+def result_sentences(paragraph: str) -> list[str]:
+    """The sentences of a prose paragraph that state a glued number (a ``{glue:...}`` role), on one line."""
+    text = " ".join(paragraph.split())
+    return [x for x in _SENTENCE_END.split(text) if _GLUED.search(x) and len(x) <= MAX_SENTENCE]
+
+
 def _code_slide(cell: dict, params: dict) -> tuple[dict, str]:
     """A copy of a tagged code cell with only its displayed outputs, and its claims as a table."""
     outputs = [o for o in cell.get("outputs", []) if "scrapbook" not in o.get("metadata", {})]
@@ -242,6 +261,14 @@ def deck(name: str, nb: dict) -> Deck:
         fallback = set()
     d = Deck(name, name)
     section = "Introduction"
+    results: list[str] = []
+
+    def close_section():  # the section's stated results on a slide of their own, at its end
+        if results and not section.lower().startswith("exercises"):
+            body = "\n".join(f"* {x}" for x in results[:MAX_RESULTS])
+            d.slides.append(Slide(f"Results: {section}", body, kind="result"))
+        results.clear()
+
     for i, cell in enumerate(cells):
         src = source(cell)
         if cell["cell_type"] == "code":
@@ -255,6 +282,8 @@ def deck(name: str, nb: dict) -> Deck:
             continue
         whole = TAG in tags(cell)  # the cell on a slide as it is, its headings as the slide's title
         if whole:
+            if any(b.kind == "heading" and b.level == 2 for b in blocks(src)):
+                close_section()  # the section before this cell ends here
             heads = [b.arg for b in blocks(src) if b.kind == "heading"]
             text = "\n".join(x for x in src.splitlines() if not _HEADING.match(x)).strip()
             d.slides.append(Slide(heads[-1] if heads else section, text, kind="cell"))
@@ -266,6 +295,7 @@ def deck(name: str, nb: dict) -> Deck:
                 if b.level == 1 and d.title == name:
                     d.title = b.arg
                 elif b.level == 2:
+                    close_section()
                     section = b.arg
             elif b.kind == "directive" and b.name == "admonition" and b.arg.lower().startswith("objectives"):
                 body = "\n".join(b.text.splitlines()[1:-1])
@@ -286,7 +316,10 @@ def deck(name: str, nb: dict) -> Deck:
                 lead = _lead_in(prev)
                 text = (lead + "\n\n" if lead else "") + b.text
                 d.slides.append(Slide(section or d.title, text, kind="math"))
+            elif b.kind == "para":
+                results.extend(result_sentences(b.text))
             prev = b
+    close_section()
     return d
 
 

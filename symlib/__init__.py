@@ -17,6 +17,8 @@ Exploration of Bayesian Neural Network Posteriors* (ICLR 2024).
     light = symlib.minmass(folded.theta, folded.spec).theta     #  then min-mass on the folded network)
     res = symlib.mmd(set_a, set_b, spec=spec, symmetries="ns", n_permutations=1000)
     moved = symlib.align(theta_a, theta_b, spec).mean           # theta_b permuted to match theta_a
+    merged = symlib.merge(theta_a, theta_b, spec, how="weights")  # their average after weight matching
+    print(symlib.barrier(theta_a, theta_b, model).loss_barrier)  # the loss bump on the path, MNIST digits
     params, manifest = symlib.load("zoos/optunet")              # a zoo, a sample set, hf://owner/name
     print(symlib.compare("zoos/a", "zoos/b").format())          # the paper's MMD of two folders, per layer
     theta = symlib.load_checkpoints("runs/*.ckpt", model=MyNet())  # your files: .pt, .ckpt, safetensors, HF
@@ -57,6 +59,8 @@ _NOUNS = {
     "minmass": ("symlib.symmetry.minmass", "minmass"),
     "fold_batchnorm": ("symlib.symmetry.minmass", "fold_batchnorm"),
     "align": ("symlib.symmetry.align", "align"),
+    "merge": ("symlib.symmetry.merge", "merge"),
+    "barrier": ("symlib.stats.barrier", "barrier"),
     "mmd": ("symlib.stats.mmd", "two_sample"),
     "load": ("symlib.checkpoints", "load"),
     "info": ("symlib.checkpoints", "info"),

@@ -194,6 +194,8 @@ def compare(
     key: str | None = None,
     trust_pickle: bool = False,
     allow_duplicates: bool = False,
+    scalings: str = "auto",
+    vocab: int | None = None,
 ) -> Comparison:
     r"""The paper's MMD between two checkpoint folders, per layer and aggregated, with intervals and
     p-values (``symlib.compare``; module docstring).
@@ -216,6 +218,9 @@ def compare(
         allow_duplicates: compare sets that share networks (refused by default: the test assumes
             independent sets), the result then carrying a :attr:`~Comparison.warning`; and keep repeated
             networks within a set of checkpoint files (as :func:`symlib.load_checkpoints`).
+        scalings, vocab: of the traced symmetries (:func:`symlib.spec_of`; ``"all"`` is ``"auto"``): which
+            scaling symmetries to remove (``"none"`` for permutations only), and the vocabulary of a
+            network that reads token ids (a Hugging Face text model's ``vocab_size`` by default).
 
     Returns:
         A :class:`Comparison` (``.format()``, ``.rows()``, ``.to_dict()``).
@@ -260,7 +265,7 @@ def compare(
         if got_a.recipe is None:
             raise _unknown(ma, str(a))
         origin = "--input-shape" if input_shape is not None else f"recorded for {a}"
-        spec = recipes.spec(got_a.recipe, device=device, origin=origin)
+        spec = recipes.spec(got_a.recipe, device=device, origin=origin, scalings=scalings, vocab=vocab)
     res = mmd.table(pa, {"b": pb}, spec, syms, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
                     seed=seed, progress=progress)
     return Comparison(str(a), str(b), na, nb, arch_a, {s: res[("b", s)] for s in syms}, n_permutations,

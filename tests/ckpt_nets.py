@@ -52,3 +52,28 @@ def trained(seed: int, width: int = 4) -> dict[str, torch.Tensor]:
         F.cross_entropy(net(x), y).backward()
         opt.step()
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+class DigitMLP(nn.Sequential):
+    """A ReLU MLP on MNIST digits (1 x 28 x 28 -> 10 classes), for merging and barriers."""
+
+    def __init__(self, width: int = 32):
+        super().__init__(nn.Flatten(), nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 10))
+
+
+class DigitCNN(nn.Module):
+    """A small CNN on MNIST digits: two strided convolutions (the first with BatchNorm), global average
+    pooling and a linear head."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
+        self.head = nn.Linear(2 * width, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.conv2(x))
+        return self.head(x.mean((2, 3)))

@@ -57,16 +57,22 @@ def _chapters() -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _doc_targets(md: Path) -> set[str]:
-    """Every page a ``{doc}`` role of ``md`` points to, as a path from the repository root without suffix."""
-    out = set()
-    for m in re.finditer(r"\{doc\}`([^`]*)`", md.read_text()):
+def _doc_links(md: Path, text: str | None = None) -> list[str]:
+    """The pages the ``{doc}`` roles of ``md`` (or of ``text``, a part of it) point to, in the order they
+    appear, as paths from the repository root without suffix."""
+    out = []
+    for m in re.finditer(r"\{doc\}`([^`]*)`", md.read_text() if text is None else text):
         target = m.group(1)
         if target.endswith(">") and "<" in target:
             target = target[target.rindex("<") + 1 : -1]
         path = (ROOT / target.lstrip("/")) if target.startswith("/") else (md.parent / target)
-        out.add(os.path.relpath(os.path.normpath(path), ROOT).removesuffix(".md").removesuffix(".ipynb"))
+        out.append(os.path.relpath(os.path.normpath(path), ROOT).removesuffix(".md").removesuffix(".ipynb"))
     return out
+
+
+def _doc_targets(md: Path) -> set[str]:
+    """Every page a ``{doc}`` role of ``md`` points to, as a path from the repository root without suffix."""
+    return set(_doc_links(md))
 
 
 def test_front_page_lists_every_page_of_the_toc():
@@ -78,6 +84,28 @@ def test_front_page_lists_every_page_of_the_toc():
         required = files[:1] if Path(files[0]).name == "index" else files
         missing += [f"{f} ({caption})" for f in required if f not in listed]
     assert not missing, f"book/intro.md does not link these pages of _toc.yml: {missing}"
+
+
+def _out_of_order(links: list[str], order: list[str]) -> list[tuple[str, str]]:
+    """The consecutive first mentions in ``links`` (of pages in ``order``) that ``order`` reverses."""
+    rank = {page: i for i, page in enumerate(order)}
+    firsts = [p for p in dict.fromkeys(links) if p in rank]
+    return [(a, b) for a, b in zip(firsts, firsts[1:], strict=False) if rank[a] > rank[b]]
+
+
+def test_front_page_follows_the_order_of_the_toc():
+    """The front page names the pages in the sidebar's order: the chapters, by their first link anywhere on
+    the page, and every table or list of links (the chapter table, the teaching and reference lists)."""
+    intro = ROOT / "book/intro.md"
+    order = [f for _, files in _toc_parts() for f in files]
+    chapters = [f"book/{c}" for c in _chapters()]
+    wrong = _out_of_order(_doc_links(intro), chapters)
+    assert not wrong, f"book/intro.md names these chapters in the reverse of _toc.yml's order: {wrong}"
+    blocks = re.findall(r"(?:^(?:\|.*|[*-] .*)\n)+", intro.read_text(), re.M)  # tables and bullet lists
+    assert len(blocks) >= 3
+    wrong = [pair for block in blocks for pair in _out_of_order(_doc_links(intro, block), order)]
+    assert not wrong, f"a table or list of book/intro.md reverses _toc.yml's order: {wrong}"
+    assert _out_of_order(["book/transformers", "book/own_network"], chapters)  # the check sees a swap
 
 
 def test_course_map_knows_every_chapter_and_its_figure_is_current():
@@ -95,6 +123,48 @@ def test_course_map_knows_every_chapter_and_its_figure_is_current():
     assert chapter_map.SVG.read_text(encoding="utf-8") == chapter_map.svg_text(), (
         "book/course/chapter_map.svg is out of date: run .venv/bin/python book/course/chapter_map.py"
     )
+
+
+def _within(inner, outer) -> bool:
+    return outer.contains(*inner.p0) and outer.contains(*inner.p1)
+
+
+def test_course_map_arrows_cross_no_box_but_their_own():
+    """The drawn course map: every arrow starts on the box of a chapter it builds on and ends on the box of
+    the chapter that needs it, and its path crosses no other box and no other text (an arrow from
+    "Permutations" to "Transformers" once ran through "Functional collapse")."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.patches import FancyBboxPatch
+
+    chapter_map = _load("chapter_map", ROOT / "book/course/chapter_map.py")
+    with plt.style.context("default"), plt.rc_context(chapter_map.RC):
+        fig = chapter_map.draw()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        boxes = [p.get_window_extent(renderer) for p in ax.patches if isinstance(p, FancyBboxPatch)]
+        labels = [t for t in ax.texts if t.get_text()]
+        words = {t.get_text().replace("\n", " "): t.get_window_extent(renderer) for t in labels}
+        arrows = [t.arrow_patch for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+        n_needs = sum(len(needs) for *_, needs in chapter_map.CHAPTERS.values())
+        assert len(boxes) == len(chapter_map.CHAPTERS) and len(arrows) == n_needs
+        crossed = []
+        for arrow in arrows:
+            path = arrow.get_transform().transform_path(arrow.get_path())
+            points = [v[-2:] for v, code in path.iter_segments(simplify=False) if code != path.CLOSEPOLY]
+            start = points[0]
+            end = max(points, key=lambda v: (v[0] - start[0]) ** 2 + (v[1] - start[1]) ** 2)  # the head's tip
+            ends = [b for b in boxes if b.expanded(1.02, 1.02).contains(*start)
+                    or b.expanded(1.02, 1.02).contains(*end)]
+            assert len(ends) == 2, f"an arrow from {start} to {end} does not join two boxes"
+            shaft = [start + t * (end - start) for t in np.linspace(0, 1, 400)]  # the straight line drawn
+            others = [("a box", b) for b in boxes if b not in ends] + [
+                (name, b) for name, b in words.items() if not any(_within(b, e) for e in ends)]
+            joined = " -> ".join(n for e in ends for n, b in words.items() if _within(b, e))
+            crossed += [(joined, name) for name, b in others if any(b.contains(*q) for q in shaft)]
+        plt.close(fig)
+    assert not crossed, f"arrows cross boxes or labels not at their ends: {crossed}"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -27,12 +27,14 @@ CHAPTERS: dict[str, tuple[str, int, float, tuple[str, ...]]] = {
     "marginals": ("The posterior's\nmarginals", 2, 1.0, ("architectures",)),
     "permfreq": ("Permutations\nduring training", 2, 2.0, ("architectures",)),
     "table1": ("Table 1: posterior\napproximations", 2, 3.0, ("architectures",)),
-    "collapse": ("Functional\ncollapse", 3, 2.5, ("table1",)),
-    "alignment": ("Aligning variational\nposteriors", 3, 3.5, ("table1",)),
-    "own_network": ("symlib on your\nown network", 4, 1.75, ("minmass", "alignment")),
-    "transformers": ("Transformers: no\nscalings", 4, 3.0, ("collapse", "permfreq", "own_network")),
-    "true_posterior": ("Against the true\nposterior", 3, 4.5, ("table1",)),
+    "collapse": ("Functional\ncollapse", 3, 2.75, ("table1",)),
+    "alignment": ("Aligning variational\nposteriors", 3, 3.75, ("table1",)),
+    "true_posterior": ("Against the true\nposterior", 3, 4.75, ("table1",)),
+    "own_network": ("symlib on your\nown network", 4, 0.0, ("minmass", "alignment")),
+    "transformers": ("Transformers: no\nscalings", 5, 2.0, ("collapse", "permfreq", "own_network")),
 }
+# Every arrow is a straight line from the right edge of a box to the left edge of a box further right; the
+# places above keep each line clear of every other box (tests/test_book_pages.py checks the drawn figure).
 RC = {"svg.fonttype": "none", "svg.hashsalt": "symlib-course-map", "font.size": 10}
 # The chapters that load the cached 1,000-network OptuNet zoo (the first one to run trains it).
 ZOO_USERS = ("minmass", "table1", "collapse", "alignment", "transformers")
@@ -47,8 +49,9 @@ def draw():
     from matplotlib.patches import FancyBboxPatch
 
     bottom = max(row for _, _, row, _ in CHAPTERS.values())
-    fig, ax = plt.subplots(figsize=(12.0, 1.0 + 0.8 * (bottom + 1)))
-    w, h, dx, dy = 1.55, 0.64, 2.15, 1.0
+    right = max(col for _, col, _, _ in CHAPTERS.values())
+    fig, ax = plt.subplots(figsize=(12.0, 1.0 + 0.75 * (bottom + 1)))
+    w, h, dx, dy = 1.55, 0.64, 1.95, 1.0
     pos = {name: (col * dx, -row * dy) for name, (_, col, row, _) in CHAPTERS.items()}
 
     for name, (_, _, _, needs) in CHAPTERS.items():
@@ -63,11 +66,11 @@ def draw():
                                     facecolor="#fff6e0" if zoo else "#eef3fb",
                                     edgecolor="#9a6a00" if zoo else "#2f5597", linewidth=1.3))
         ax.text(x, y, title, ha="center", va="center", linespacing=1.15)
-    ax.text(-w / 2, -3.5 * dy,
+    ax.text(-w / 2, -bottom * dy,
             "arrow: builds on the ideas of the chapter it comes from\n"
             "gold box: loads the cached 1,000-network OptuNet zoo\n(the first of them to run trains it)",
             ha="left", va="center", fontsize=9, color="#4a4a4a", linespacing=1.3)
-    ax.set_xlim(-w / 2 - 0.1, 4 * dx + w / 2 + 0.1)
+    ax.set_xlim(-w / 2 - 0.1, right * dx + w / 2 + 0.1)
     ax.set_ylim(-bottom * dy - h / 2 - 0.1, h / 2 + 0.1)
     ax.set_aspect("equal")
     ax.axis("off")

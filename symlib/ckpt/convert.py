@@ -175,10 +175,14 @@ def import_checkpoints(
     out: str | os.PathLike,
     model: Any = None,
     prefix: str | None = None,
+    scalings: str = "auto",
+    vocab: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Read checkpoint files (:func:`~symlib.ckpt.loader.read`, same arguments) and write them as a symlib
-    folder ``out`` (``symlib import SRC --to OUT``).
+    folder ``out`` (``symlib import SRC --to OUT``). With an input shape, the network is first traced on it
+    (``scalings``, ``vocab``: as :func:`symlib.ckpt.recipe.spec`), so that a set whose network does not run
+    on the shape it records is never written.
 
     Returns:
         The manifest (``"source"`` lists every file with its sha256).
@@ -205,7 +209,7 @@ def import_checkpoints(
               "key": got.key, "prefix": got.prefix, "imported": _now()}
     if got.recipe.input_shape is not None:  # the network must run on the shape the set will record
         try:
-            recipe_spec(got.recipe, origin="--input-shape")
+            recipe_spec(got.recipe, origin="--input-shape", scalings=scalings, vocab=vocab)
         except SymmetryError:  # it runs; its symmetries are not traceable (raw comparisons still work)
             pass
     return write(got.params, out, got.recipe, method="import", n_per_mode=per, source=source)
@@ -216,12 +220,15 @@ def canonical(
     out: str | os.PathLike,
     model: Any = None,
     prefix: str | None = None,
+    scalings: str = "auto",
+    vocab: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """The canonical forms (:func:`symlib.canonicalize`: unit-norm neurons, sorted) of any set, written as
     a symlib folder ``out`` (``symlib canonicalize SRC --to OUT``). The source is a symlib folder or
     checkpoint files (arguments of :func:`~symlib.ckpt.loader.read`); its architecture and input shape
-    must be known. Every network's function is checked to be unchanged.
+    must be known. Every network's function is checked to be unchanged. ``scalings`` and ``vocab`` are
+    those of the traced spec (:func:`symlib.ckpt.recipe.spec`; ``--scalings``, ``--vocab``).
 
     Returns:
         The manifest.
@@ -232,7 +239,7 @@ def canonical(
     got = loader.read(sources, model, prefix, hashes=True, **kwargs)
     if got.recipe is None:
         raise CheckpointError("the architecture is unknown: pass --model MODULE:CALLABLE and --input-shape")
-    spec = recipe_spec(got.recipe)
+    spec = recipe_spec(got.recipe, scalings=scalings, vocab=vocab)
     canon = canonicalize(got.params, spec)
     man = got.manifest or {}
     n_modes, per = man.get("n_modes"), man.get("n_per_mode", 1)

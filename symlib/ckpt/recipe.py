@@ -16,16 +16,24 @@ import torch
 from symlib.errors import CheckpointError, InputShapeError
 from symlib.models.recipe import BUILDERS, Recipe, from_config, load_factory, parse_shape
 
-__all__ = ["BUILDERS", "Recipe", "from_config", "load_factory", "of_folder", "parse_shape", "spec"]
+__all__ = ["BUILDERS", "SCALINGS", "Recipe", "from_config", "load_factory", "of_folder", "parse_shape",
+           "spec"]
+
+SCALINGS = {"all": "auto", "auto": "auto", "partial": "partial", "none": "none"}
+"""``--scalings``: the command line's names of :func:`symlib.spec_of`'s ``scalings`` (``all`` is ``auto``)."""
 
 
 def spec(recipe: Recipe, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu",
-         origin: str = "given"):
+         origin: str = "given", scalings: str = "auto", vocab: int | None = None):
     """The network's symmetries, traced (:func:`symlib.spec_of`) on a freshly built copy of ``recipe``.
 
     Args:
         origin: where the input shape came from, for the message (``"--input-shape"``, ``"recorded by
             the set's manifest"``).
+        scalings: which scaling symmetries to keep (``"auto"``/``"all"``, ``"partial"``, ``"none"``: as
+            :func:`symlib.spec_of`; ``--scalings``).
+        vocab: the vocabulary of a network that reads token ids (``--vocab``); by default a Hugging Face
+            text model's ``vocab_size``.
 
     Raises:
         SymmetryError: the network runs but symlib cannot derive its symmetries (the message names the
@@ -38,8 +46,9 @@ def spec(recipe: Recipe, dtype: torch.dtype = torch.float64, device: str | torch
 
     model = recipe.build()
     shape = recipe.shape(model)
+    vocab = recipe.vocab if vocab is None else int(vocab)
     try:
-        return spec_of(model.to(device, dtype), shape)
+        return spec_of(model.to(device, dtype), shape, scalings=SCALINGS.get(scalings, scalings), vocab=vocab)
     except InputShapeError as e:  # the forward pass on an input of this shape failed
         cause = e.__cause__ or e
         while cause.__cause__ is not None:  # the first error, not the tracer's wrapping of it

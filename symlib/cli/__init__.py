@@ -6,7 +6,10 @@
 * :mod:`symlib.cli.compare`: ``symlib compare A B``, the paper's MMD between two folders;
 * :mod:`symlib.cli.importing`, :mod:`symlib.cli.canonical`, :mod:`symlib.cli.count`: ``symlib import SRC
   --to OUT``, ``symlib canonicalize SRC --to OUT`` and ``symlib count --model ...``, for checkpoint files
-  of one's own network (:mod:`symlib.ckpt`; their shared options are in :mod:`symlib.cli.sources`).
+  of one's own network (:mod:`symlib.ckpt`; their shared options are in :mod:`symlib.cli.sources`);
+* :mod:`symlib.cli.merge`, :mod:`symlib.cli.barrier`: ``symlib merge A B --to OUT`` (two networks averaged
+  after matching their neurons, :func:`symlib.merge`) and ``symlib barrier A B`` (the loss and accuracy
+  barriers on the path between them, :func:`symlib.barrier`).
 
 Each group module has ``add_parser(subparsers)`` and ``run(args)``; :func:`parser` assembles them in the
 order of :data:`GROUPS`. Examples::
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 
 #: The command groups, in the order ``symlib --help`` lists them: name -> module of :mod:`symlib.cli`.
 GROUPS = {"zoo": "zoo", "posterior": "posterior", "compare": "compare", "import": "importing",
-          "canonicalize": "canonical", "count": "count"}
+          "canonicalize": "canonical", "count": "count", "merge": "merge", "barrier": "barrier"}
 
 
 def _group(name: str):

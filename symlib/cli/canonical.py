@@ -27,6 +27,7 @@ def run(args) -> None:
 
     opts = sources.options(args)
     src = args.src[0] if len(args.src) == 1 else args.src
-    man = convert.canonical(src, args.to, opts.pop("model"), opts.pop("prefix"), **opts)
+    man = convert.canonical(src, args.to, opts.pop("model"), opts.pop("prefix"), **opts,
+                            **sources.trace_options(args))
     print(f"{args.to}: canonical forms of {man['n_samples']} networks of {man['arch']} (every function "
           f"checked)")

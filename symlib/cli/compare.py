@@ -40,7 +40,7 @@ def run(args) -> None:
         comparison.check_json(args.json)  # before the comparison: never after minutes of work
     res = comparison.compare(args.a, args.b, syms, n_permutations=args.permutations,
                              n_bootstrap=args.bootstrap, seed=args.seed, device=args.device,
-                             **sources.options(args))
+                             **sources.options(args), **sources.trace_options(args))
     if args.json != "-":
         print(res.format())
     if args.json is not None:

@@ -37,7 +37,7 @@ def run(args) -> None:
     else:
         raise CheckpointError("symlib count needs a network: --model MODULE:CALLABLE (with --input-shape), "
                               "or a folder that records its architecture")
-    spec = recipes.spec(recipe)
+    spec = recipes.spec(recipe, **sources.trace_options(args))
     table = counting.table(spec)
     print(f"{recipe.describe()}, input shape {tuple(spec.input_shape)}")
     print(table.to_string(index=False))

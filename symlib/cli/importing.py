@@ -27,7 +27,8 @@ def run(args) -> None:
     from symlib.ckpt import convert
 
     opts = sources.options(args)
-    man = convert.import_checkpoints(args.src, args.to, opts.pop("model"), opts.pop("prefix"), **opts)
+    man = convert.import_checkpoints(args.src, args.to, opts.pop("model"), opts.pop("prefix"), **opts,
+                                     **sources.trace_options(args))
     src = man["source"]
     print(f"{args.to}: {man['n_samples']} networks of {man['arch']} from {len(src['checkpoints'])} "
           f"checkpoints ({len(src['files'])} files, sha256 recorded)"

@@ -22,8 +22,8 @@ def json_object(text: str) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
-    """Add ``--model``, ``--model-args``, ``--input-shape`` and, with ``files``, ``--prefix``, ``--key``,
-    ``--trust-pickle`` and ``--allow-duplicates`` to ``p``."""
+    """Add ``--model``, ``--model-args``, ``--input-shape``, ``--vocab``, ``--scalings`` and, with ``files``,
+    ``--prefix``, ``--key``, ``--trust-pickle`` and ``--allow-duplicates`` to ``p``."""
     g = p.add_argument_group(
         "architecture",
         "The network the checkpoints belong to, when the folders do not say (a symlib folder records it; a "
@@ -37,7 +37,15 @@ def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
     g.add_argument("--model-args", type=json_object, default=None, metavar="JSON",
                    help="keyword arguments of --model, as a JSON object")
     g.add_argument("--input-shape", default=None, metavar="C,H,W",
-                   help="shape of one input without the batch axis, e.g. 1,28,28 (to trace the symmetries)")
+                   help="shape of one input without the batch axis, e.g. 1,28,28, or TOKENS for a text "
+                        "model (to trace the symmetries)")
+    g.add_argument("--vocab", type=int, default=None, metavar="N",
+                   help="the vocabulary size of a network that reads token ids (read from a Hugging Face "
+                        "config.json's vocab_size when not given)")
+    g.add_argument("--scalings", choices=("all", "partial", "none"), default="all",
+                   help="the scaling symmetries to trace: all that the layers allow (default), partial "
+                        "(only the layers where they hold, when some activation is not positively "
+                        "homogeneous, e.g. GELU or LayerNorm networks), none (permutations only)")
     if not files:
         return
     f = p.add_argument_group("checkpoint files")
@@ -55,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser, files: bool = True) -> None:
                         "files holding the same weights (a Lightning last.ckpt, a .safetensors copy of a "
                         ".pt) and, for compare, networks in both sets (the result then warns that the sets "
                         "overlap)")
+
+
+def trace_options(args) -> dict:
+    """The keyword arguments ``scalings`` and ``vocab`` of :func:`symlib.ckpt.recipe.spec` that the options
+    ask for."""
+    return {"scalings": args.scalings, "vocab": args.vocab}
 
 
 def options(args) -> dict:

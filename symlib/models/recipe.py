@@ -40,6 +40,7 @@ from symlib.models import registry
 __all__ = ["BUILDERS", "Recipe", "from_config", "load_factory", "parse_shape"]
 
 BUILDERS = ("symlib", "factory", "transformers", "timm")
+TOKENS = 8  # the length of the dummy token sequence that traces a text model when no input shape is given
 """The ways a recipe builds its network (module docstring)."""
 
 
@@ -147,6 +148,17 @@ class Recipe:
         return f"timm {self.target}"
 
     @property
+    def vocab(self) -> int | None:
+        """The vocabulary size of a network that reads token ids: a Hugging Face text model's
+        ``vocab_size`` (its ``config.json``); ``None`` for image models and other builders (pass
+        ``vocab=``, ``--vocab``)."""
+        if self.builder != "transformers" or "vocab_size" not in self.args:
+            return None
+        if "num_channels" in self.args or "image_size" in self.args:
+            return None
+        return int(self.args["vocab_size"])
+
+    @property
     def file(self) -> Path | None:
         """The ``.py`` file of a factory named by its path (``path/to/nets.py:MyNet``); ``None`` otherwise."""
         where = self.target.rpartition(":")[0]
@@ -249,6 +261,8 @@ class Recipe:
             raise CheckpointError(f"config.json: model_type {model_type!r} is unknown to transformers "
                                   f"{transformers.__version__}")
         cfg = transformers.CONFIG_MAPPING[model_type].from_dict(args)
+        if getattr(cfg, "use_cache", False):  # symlib never generates: a key/value cache only hides the graph
+            cfg.use_cache = False
         cls = getattr(transformers, self.target, None) if self.target else None
         if self.target and cls is None:
             raise CheckpointError(f"config.json: architecture {self.target!r} is unknown to transformers "
@@ -276,6 +290,9 @@ class Recipe:
         cfg = getattr(model, "pretrained_cfg", None) or {}
         if cfg.get("input_size"):
             return tuple(int(d) for d in cfg["input_size"])
+        if self.vocab is not None:  # a text model: TOKENS token ids (the symmetries do not depend on it)
+            positions = self.args.get("max_position_embeddings") or self.args.get("n_positions") or TOKENS
+            return (min(TOKENS, int(positions)),)
         raise CheckpointError(f"the input shape of {self.describe()} is unknown: pass it (input_shape=, "
                               f"--input-shape C,H,W) to trace the network's symmetries")
 

@@ -7,24 +7,36 @@ pre-norm blocks (``nn.MultiheadAttention``, a GELU MLP) and a final LayerNorm be
 reads the class token. :func:`symlib.symmetry.trace.spec_of` finds its symmetries by tracing it:
 :func:`label_kinds` names what each permutation label is, :func:`tau_by_kind` averages the Kendall taus of
 :mod:`symlib.paper.permfreq` over the labels of one kind, :func:`removals` gives a set of checkpoints
-raw, sorted and aligned, for the MMD, :func:`distances` measures how far they are from one network, and
-:func:`probs` evaluates a set of checkpoints.
+raw, sorted, aligned and rotated, for the MMD, :func:`distances` measures how far they are from one
+network, :func:`barriers` walks the straight path between two networks after each way of matching them,
+and :func:`probs` evaluates a set of checkpoints.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from symlib.params import Params, unstack
-from symlib.symmetry import align, canonical
+from symlib.symmetry import align, canonical, stream
 from symlib.symmetry.spec import Spec
 
-__all__ = ["KINDS", "Block", "TinyViT", "distances", "label_kinds", "probs", "removals", "tau_by_kind"]
+__all__ = ["KINDS", "WAYS", "Block", "TinyViT", "barriers", "distances", "label_kinds", "probs", "removals",
+           "tau_by_kind"]
 
 KINDS = ("stream", "query-key", "value", "MLP")
 """The kinds of permutation labels of a transformer, in the order the chapter reports them."""
+
+WAYS: dict[str, dict] = {
+    "none": {"align": "none"},
+    "permutations": {"align": "weights"},
+    "permutations + rotations": {"align": "weights", "orthogonal": True},
+}
+"""The ways :func:`barriers` matches the second network of a pair to the first: not at all, by weight
+matching over every permutation label, and by weight matching then the rotations of the residual stream
+and of every attention head (:func:`symlib.merge` with ``orthogonal=True``)."""
 
 
 class Block(nn.Module):
@@ -102,14 +114,36 @@ def tau_by_kind(tau: torch.Tensor, spec: Spec) -> dict[str, torch.Tensor]:
 
 def removals(params: Params, spec: Spec, reference: Params, seed: int = 0) -> dict[str, Params]:
     """A stacked set ``{name: (S, ...)}`` raw, with its permutations removed by sorting (the canonical form
-    without scalings, largest incoming weight, :func:`symlib.symmetry.canonical.canonicalize`), and aligned
+    without scalings, largest incoming weight, :func:`symlib.symmetry.canonical.canonicalize`), aligned
     to ``reference`` by weight matching over every label
-    (:func:`symlib.symmetry.align.align_many`, the residual stream first)."""
-    return {
-        "raw": dict(params),
-        "sorted": canonical.canonicalize(params, spec, key="max", scaling=None),
-        "aligned": align.align_many(reference, params, spec, cost="weights", seed=seed, widest_first=True)[0],
-    }
+    (:func:`symlib.symmetry.align.align_many`, the residual stream first) and, for a network with a
+    residual stream that only norms read, aligned then rotated onto ``reference`` (``"rotated"``:
+    :func:`symlib.symmetry.stream.align_stream`, the stream's orthogonal group)."""
+    aligned = align.align_many(reference, params, spec, cost="weights", seed=seed, widest_first=True)[0]
+    out = {"raw": dict(params), "sorted": canonical.canonicalize(params, spec, key="max", scaling=None),
+           "aligned": aligned}
+    if stream.stream_labels(spec):
+        out["rotated"] = stream.align_stream(reference, aligned, spec)
+    return out
+
+
+def barriers(set_a: Params, set_b: Params, spec: Spec, model: nn.Module, data, pairs: int,
+             ways: dict[str, dict] = WAYS, n_points: int = 11, seed: int = 0) -> pd.DataFrame:
+    """The loss and accuracy along the straight path from network ``i`` of ``set_a`` to network ``i`` of
+    ``set_b`` (``i < pairs``), after each way of matching ``b`` to ``a`` (:data:`WAYS`:
+    :func:`symlib.stats.barrier.barrier`'s arguments), one row per pair, way and point ``t``, with the
+    pair's barriers (loss in nats, accuracy in points)."""
+    from symlib.stats.barrier import barrier
+
+    rows = []
+    for i in range(pairs):
+        a, b = unstack(set_a, i), unstack(set_b, i)
+        for way, kwargs in ways.items():
+            r = barrier(a, b, model, data, spec=spec, n_points=n_points, seed=seed, **kwargs)
+            rows += [{"pair": i, "alignment": way, "t": t, "loss": lo, "accuracy": 100 * acc,
+                      "loss barrier": r.loss_barrier, "accuracy barrier": 100 * r.accuracy_barrier}
+                     for t, lo, acc in zip(r.t, r.loss, r.accuracy, strict=True)]
+    return pd.DataFrame(rows)
 
 
 @torch.no_grad()

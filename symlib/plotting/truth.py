@@ -24,8 +24,10 @@ def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
     A converged size is a filled marker at the CPU time of its first passing check (one hidden layer:
     circles, two: squares); a size that did not converge is an open marker at the CPU time it spent, with
     an arrow to the right (its time to convergence is larger), annotated with its worst :math:`\hat R`.
-    The right panel shows, per size, the worst :math:`\hat R` on canonical forms at every check against
-    the CPU time, with the threshold 1.01.
+    Both axes are logarithmic with plain ticks (1, 2, 5 times a power of ten) and room for every marker,
+    arrow and label; each label is put beside its marker where it overlaps no other label, marker or the
+    legend. The right panel shows, per size, the worst :math:`\hat R` on canonical forms at every check
+    against the CPU time, with the threshold 1.01.
 
     Args:
         rows: the ``"sizes"`` of :func:`symlib.paper.frontier.results`.
@@ -36,6 +38,7 @@ def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
     """
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    points, labels, reach, arrows = [], [], [], []
     for i, r in enumerate(rows):
         depth = len(r["hidden"])
         marker = "o" if depth == 1 else "s"
@@ -44,23 +47,30 @@ def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
         if r["converged"]:
             x = r["converged_at"]["cpu_s"]
             ax.plot(x, r["n_params"], marker=marker, ms=8, color=colour, ls="none")
+            reach.append(x)
         else:
             x = r["cpu_s"]
             ax.plot(x, r["n_params"], marker=marker, ms=8, mfc="white", color=colour, ls="none")
-            ax.annotate("", xy=(x * 1.6, r["n_params"]), xytext=(x, r["n_params"]),
+            ax.annotate("", xy=(x * _ARROW, r["n_params"]), xytext=(x, r["n_params"]),
                         arrowprops={"arrowstyle": "->", "color": colour})
+            reach.append(x * _ARROW)
+            arrows.append(((x, r["n_params"]), (x * _ARROW, r["n_params"])))
             worst = r["last"]["canonical"]["rhat_max"] if r.get("last") else float("nan")
             label += rf" ($\hat R$ {worst:.2f})"
-        ax.annotate(label, (x, r["n_params"]), textcoords="offset points", xytext=(6, 5), fontsize=8)
+        points.append((x, r["n_params"]))
+        labels.append(label)
         checks = r.get("checks") or []
         if checks:
             bx.plot([c["cpu_s"] for c in checks], [c["canonical"]["rhat_max"] for c in checks], marker=marker,
                     ms=3, color=colour, label="-".join(str(h) for h in r["hidden"]))
     ax.set(xscale="log", yscale="log", xlabel="sampler CPU seconds to convergence",
            ylabel="parameters", title="the convergence frontier")
-    sizes = sorted({r["n_params"] for r in rows})
-    ax.set_yticks(sizes, [str(v) for v in sizes])
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    if points:
+        xs = [p[0] for p in points] + reach + ([budget] if budget is not None else [])
+        ys = [p[1] for p in points]
+        # room on the left and right for labels and arrows, above for the legend
+        ax.set_xlim(min(xs) / 1.6, max(xs) * 2.2)
+        ax.set_ylim(min(ys) / 1.6, max(ys) * 3.0)
     ax.plot([], [], "ko", label="one hidden layer")
     ax.plot([], [], "ks", label="two hidden layers")
     ax.plot([], [], "ko", mfc="white", label="not converged (time spent)")
@@ -75,13 +85,70 @@ def frontier(rows: Sequence[Mapping[str, Any]], budget: float | None = None):
     bx.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
     bx.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2f}"))
     bx.legend(fontsize=7, ncol=2)
-    for a in (ax, bx):
-        lo, hi = a.get_xlim()
-        a.set_xticks([t for t in (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000) if lo <= t <= hi])
-        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    for a, axis in ((ax, ax.xaxis), (ax, ax.yaxis), (bx, bx.xaxis)):
+        lo, hi = a.get_xlim() if axis is a.xaxis else a.get_ylim()
+        axis.set_ticks([t for t in _PLAIN_TICKS if lo <= t <= hi])
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_locator(matplotlib.ticker.NullLocator())
     fig.tight_layout()
+    _place_labels(ax, points, labels, arrows)
     return fig
+
+
+_ARROW = 1.6  # a non-converged size's arrow ends at this multiple of the CPU time it spent
+_PLAIN_TICKS = tuple(m * 10.0 ** e for e in range(0, 6) for m in (1, 2, 5))
+# where a label may sit beside its marker, in points: right, left (right-aligned), then farther away
+_OFFSETS = ((7, 4, "left"), (7, -12, "left"), (-7, 4, "right"), (-7, -12, "right"), (7, 14, "left"),
+            (-7, 14, "right"), (7, -22, "left"), (-7, -22, "right"), (0, 16, "center"), (0, -24, "center"))
+
+
+def _place_labels(ax, points: Sequence[tuple[float, float]], labels: Sequence[str],
+                  arrows: Sequence[tuple[tuple[float, float], tuple[float, float]]] = ()) -> None:
+    """Each label beside its marker at the first offset of ``_OFFSETS`` where its box stays inside the axes
+    and overlaps no label already placed, no marker, no arrow and not the legend (else where it overlaps
+    least)."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    to_px = fig.dpi / 72.0
+    markers = []
+    for x, y in points:
+        cx, cy = ax.transData.transform((x, y))
+        half = 6 * to_px  # an 8-point marker and its edge
+        markers.append(matplotlib.transforms.Bbox([[cx - half, cy - half], [cx + half, cy + half]]))
+    for start, end in arrows:
+        (x0, y0), (x1, y1) = ax.transData.transform(start), ax.transData.transform(end)
+        markers.append(matplotlib.transforms.Bbox([[x0, y0 - 2 * to_px], [x1, y1 + 2 * to_px]]))
+    legend = ax.get_legend()
+    obstacles = markers + ([legend.get_window_extent(renderer)] if legend is not None else [])
+    placed = []
+    for (x, y), label in zip(points, labels, strict=True):
+        best = None
+        for dx, dy, ha in _OFFSETS:
+            text = ax.annotate(label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=8, ha=ha)
+            box = text.get_window_extent(renderer)
+            cost = sum(_overlap(box, o) for o in obstacles + placed) + _outside(box, inside)
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, text, box)
+            else:
+                text.remove()
+            if cost == 0:
+                break
+        placed.append(best[2])
+
+
+def _overlap(a, b) -> float:
+    """The area two boxes share (0 when they do not meet)."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(w, 0.0) * max(h, 0.0)
+
+
+def _outside(box, frame) -> float:
+    """The area of ``box`` outside ``frame``."""
+    return box.width * box.height - _overlap(box, frame)
 
 
 def two_targets(frame, columns: Sequence[str] = ("MMD", "NS")):

@@ -7,12 +7,13 @@ paper §4-5, App. B).
   mutual information);
 * :mod:`~symlib.stats.pairwise_mi`: the mutual information of every pair of checkpoints;
 * :mod:`~symlib.stats.predict`: predicted probabilities of every network of a set;
-* :mod:`~symlib.stats.diagnostics`: MCMC convergence diagnostics (R-hat, ESS).
+* :mod:`~symlib.stats.diagnostics`: MCMC convergence diagnostics (R-hat, ESS);
+* :mod:`~symlib.stats.barrier`: loss and accuracy barriers on the straight path between two networks.
 
 Submodules load on first access.
 """
 
 from symlib._lazy import submodules
 
-__all__ = ["diagnostics", "metrics", "mmd", "pairwise_mi", "predict"]
+__all__ = ["barrier", "diagnostics", "metrics", "mmd", "pairwise_mi", "predict"]
 __getattr__, __dir__ = submodules(__name__, __all__)

@@ -129,10 +129,11 @@ class Report:
         return self.scales[scale]
 
     def frame(self):
-        """One row per scale (:meth:`ScaleDiagnostics.summary`), as a DataFrame."""
+        """One row per scale (:meth:`ScaleDiagnostics.summary`), as a DataFrame whose columns keep their
+        types (the number of quantities an integer, not ``9.0``)."""
         import pandas as pd
 
-        return pd.DataFrame({k: v.summary() for k, v in self.scales.items()}).T
+        return pd.DataFrame.from_dict({k: v.summary() for k, v in self.scales.items()}, orient="index")
 
     def converged(self, rhat: float = 1.01, ess: float = 400.0, scales=("canonical", "invariant"),
                   per_chain: bool = False) -> bool:

@@ -9,7 +9,9 @@
 * :mod:`~symlib.symmetry.canonical`: canonical forms (normalise, sort, ``canonicalize``);
 * :mod:`~symlib.symmetry.minmass`: the lightest network of a scaling orbit (paper §3.6);
 * :mod:`~symlib.symmetry.align`: aligning two networks or posteriors by permutations;
-* :mod:`~symlib.symmetry.continuous`: the continuous symmetries of attention (``GL`` per head).
+* :mod:`~symlib.symmetry.merge`: merging two networks after weight or activation matching;
+* :mod:`~symlib.symmetry.continuous`: the continuous symmetries of attention (``GL`` per head);
+* :mod:`~symlib.symmetry.stream`: the rotations of a pre-norm transformer's residual stream (Procrustes).
 
 Depends on nothing in symlib but :mod:`symlib.params` (and :mod:`symlib.models` for the paper's
 architectures). Submodules load on first access.
@@ -17,5 +19,6 @@ architectures). Submodules load on first access.
 
 from symlib._lazy import submodules
 
-__all__ = ["align", "canonical", "check", "continuous", "counting", "minmass", "ops", "spec", "trace"]
+__all__ = ["align", "canonical", "check", "continuous", "counting", "merge", "minmass", "ops", "spec",
+           "stream", "trace"]
 __getattr__, __dir__ = submodules(__name__, __all__)

@@ -633,7 +633,7 @@ def canonicalize(
     """
     perms, work, report = _report(theta, spec, p, key, by, scaling)
     _warn_ambiguous(report, theta, key)
-    out = _like(ops.permute(work, spec, perms), theta)
+    out = ops.permute(_like(work, theta), spec, perms)  # cast first: a permutation moves values exactly
     return _finish(spec, theta, out, check, "canonicalize")
 
 

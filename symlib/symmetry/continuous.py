@@ -17,9 +17,10 @@ to 1), so :math:`b_V \to b_V - \delta`, :math:`b_O \to b_O + W_O \delta` is a sy
 
 A :class:`~symlib.symmetry.spec.Spec` records these groups in ``Spec.continuous`` (traced by
 :func:`symlib.symmetry.trace.spec_of`): :func:`dims` counts them, :func:`act` and :func:`shift_biases`
-apply them, :func:`random_element` draws one. No canonical form, min-mass or alignment in symlib removes
-them: canonical forms and alignment act on the permutations (a subgroup), and the scalings of attention
-features, a diagonal subgroup, are left to these functions.
+apply them, :func:`random_element` draws one, and :func:`align_heads` moves one network towards another
+by the orthogonal matrices of these groups (used by :func:`symlib.merge` with ``orthogonal=True``).
+Canonical forms and min-mass act on the permutations (a subgroup) and leave the rest of these groups
+alone.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from symlib.params import Params
 from symlib.symmetry.spec import Action, Spec, SymmetryError
 
-__all__ = ["act", "dims", "random_element", "random_shifts", "shift_biases"]
+__all__ = ["act", "align_heads", "dims", "random_element", "random_shifts", "shift_biases"]
 
 
 def _blocks(spec: Spec, label: str) -> tuple[int, int]:
@@ -94,6 +95,37 @@ def act(theta: Params, spec: Spec, mats: dict[str, torch.Tensor]) -> Params:
 
             out[a.param] = _along(out[a.param], a, spec, apply)
     return out
+
+
+def _heads_view(t: torch.Tensor, a: Action, spec: Spec) -> torch.Tensor:
+    """The slice of ``t`` that action ``a`` covers as ``(G, k, rest)``: one ``k x rest`` matrix per head."""
+    d = a.axis
+    start, stop = spec.span(a)
+    g, k = _blocks(spec, a.perm)
+    part = t.narrow(d, start, stop - start).unflatten(d, (g, k)).movedim((d, d + 1), (0, 1))
+    return part.reshape(g, k, -1)
+
+
+def align_heads(a: Params, b: Params, spec: Spec) -> Params:
+    r"""``b`` moved towards ``a`` by one orthogonal matrix per head of every continuous label (orthogonal
+    Procrustes, book: chapter "Transformers"): the orthogonal matrices of :math:`GL(d_k)` and
+    :math:`GL(d_v)`, for which :math:`A^{-	op} = A`, so the queries' and the keys' rows (the values' rows
+    and the output projection's columns) of head :math:`g` all turn by the same :math:`R_g`. The
+    :math:`R_g` maximising :math:`\sum_t \langle X^a_{t,g}, R_g X^b_{t,g} angle` over the tensors
+    :math:`t` the label acts on is :math:`U V^	op` for the SVD :math:`U S V^	op` of
+    :math:`\sum_t X^a_{t,g} {X^b_{t,g}}^	op` (one ``k x k`` matrix per head). ``b``'s function is kept
+    (:func:`act`). Labels acting on blocks of entries (rotary heads) are left alone. One network each,
+    without batch dimensions."""
+    mats = {}
+    for label in spec.continuous:
+        acts = [x for x in spec.actions if x.perm == label]
+        if not acts or any(x.inner != 1 or x.groups != 1 for x in acts):
+            continue
+        cov = sum(_heads_view(a[x.param], x, spec).to(torch.float64)
+                  @ _heads_view(b[x.param], x, spec).to(torch.float64).transpose(-1, -2) for x in acts)
+        u, _, vh = torch.linalg.svd(cov)
+        mats[label] = u @ vh
+    return act(b, spec, mats) if mats else dict(b)
 
 
 def _bias_actions(spec: Spec, label: str, sign: int) -> list[Action]:

@@ -23,7 +23,9 @@ continuous group (``Spec.continuous``, :mod:`symlib.symmetry.continuous`): per h
 dimensions, plus the redundant key and value biases. They are counted apart, as
 ``continuous`` dimensions: the in-head permutations counted in the finite group are
 a subgroup of them, and so are per-feature scalings of the attention's features,
-which therefore are not scaling labels.
+which therefore are not scaling labels. A residual stream that only LayerNorms (RMSNorms) read
+also rotates (:mod:`symlib.symmetry.stream`): :math:`O(d-1)`, :math:`(d-1)(d-2)/2` dimensions
+(:math:`O(d)`, :math:`d(d-1)/2`), counted apart again, as ``stream_rotations``.
 """
 
 from __future__ import annotations
@@ -82,11 +84,20 @@ def count(spec: Spec) -> list[dict]:
         if every linear or convolutional layer of ``layers`` had its own free
         permutation, i.e. without residual ties and groups), ``scaling_dof`` (entries of the
         scaling labels reordered by this label) and ``continuous`` (dimensions of the label's
-        continuous group, :func:`symlib.symmetry.continuous.dims`; 0 for most labels).
+        continuous group, :func:`symlib.symmetry.continuous.dims`; 0 for most labels) and
+        ``stream_rotations`` (dimensions of the rotations of a residual stream,
+        :func:`symlib.symmetry.stream.dims`; 0 for every other label), and ``discrete_log10``: log10 of
+        the permutations that lie in no continuous group, the ones that make isolated copies of a
+        network. A stream's permutations are rotations of it (a permutation matrix is orthogonal and
+        fixes the all-ones vector), and a head's permutations of its features are changes of basis of
+        the head (:math:`GL(d_k)`, :math:`GL(d_v)`): a continuous path joins each of them to the
+        identity through networks with the same function, so only the heads' order stays discrete.
     """
     from symlib.symmetry import continuous as _continuous
+    from symlib.symmetry import stream as _stream
 
     cont = _continuous.dims(spec)
+    rotations = _stream.dims(spec)
     scale_dof: dict[str | None, int] = {}
     for s, n in spec.scales.items():
         perm = {a.perm for a in spec.actions if a.scale == s}
@@ -102,29 +113,36 @@ def count(spec: Spec) -> list[dict]:
         within = math.factorial(n // groups) ** groups
         swaps = math.factorial(groups) if label in first_of_tie else 1
         layers = _layers(spec, label)
+        log10 = groups * _log10_factorial(n // groups) + math.log10(swaps)
+        connected = cont.get(label, 0) > 0 or rotations.get(label, 0) > 0  # inside a continuous group
         rows.append({
             "label": label,
             "layers": layers,
             "channels": n,
             "groups": groups,
             "permutations": Count(within * swaps),
-            "log10_permutations": groups * _log10_factorial(n // groups) + math.log10(swaps),
+            "log10_permutations": log10,
+            "discrete_log10": math.log10(swaps) if connected else log10,
             "untied_log10": sum(len(spec.shapes[w]) >= 2 for w in _weights(spec, label))
             * _log10_factorial(n),
             "scaling_dof": scale_dof.get(label, 0),
             "continuous": cont.get(label, 0),
+            "stream_rotations": rotations.get(label, 0),
         })
     if scale_dof.get(None):
         rows.append({
             "label": None, "layers": [], "channels": 0, "groups": 1, "permutations": 1,
-            "log10_permutations": 0.0, "untied_log10": 0.0, "scaling_dof": scale_dof[None], "continuous": 0,
+            "log10_permutations": 0.0, "discrete_log10": 0.0, "untied_log10": 0.0,
+            "scaling_dof": scale_dof[None], "continuous": 0, "stream_rotations": 0,
         })
     return rows
 
 
 def totals(spec: Spec) -> dict:
-    """Whole-network counts: ``permutations`` (exact), ``log10_permutations``, ``scaling_dof``,
-    ``continuous`` (dimensions of attention's continuous groups), ``parameters`` (entries of the
+    """Whole-network counts: ``permutations`` (exact), ``log10_permutations``, ``discrete_log10`` (the
+    permutations in no continuous group: :func:`count`), ``scaling_dof``,
+    ``continuous`` (dimensions of attention's continuous groups), ``stream_rotations`` (dimensions of
+    the residual streams' rotations, :mod:`symlib.symmetry.stream`), ``parameters`` (entries of the
     weights and biases acted on or not, buffers excluded, a tied parameter once: ``spec.aliases``)."""
     rows = count(spec)
     perms = math.prod(r["permutations"] for r in rows)
@@ -136,9 +154,11 @@ def totals(spec: Spec) -> dict:
     return {
         "permutations": Count(perms),
         "log10_permutations": sum(r["log10_permutations"] for r in rows),
+        "discrete_log10": sum(r["discrete_log10"] for r in rows),
         "untied_log10": sum(r["untied_log10"] for r in rows),
         "scaling_dof": sum(r["scaling_dof"] for r in rows),
         "continuous": sum(r["continuous"] for r in rows),
+        "stream_rotations": sum(r["stream_rotations"] for r in rows),
         "parameters": params,
     }
 

@@ -140,6 +140,10 @@ class Spec:
             state dict lists a language model's embedding and classifier under
             both names; the actions on both keep them equal); the alias is
             one tensor of the network, not two (:func:`symlib.symmetry.counting.totals`).
+        norms: the weights of the normalisations over a token's features, ``weight -> kind``:
+            ``"layer"`` (LayerNorm: centres, then divides by the standard deviation) or ``"rms"``
+            (RMSNorm: divides by the root mean square). Which one decides the residual stream's group of
+            rotations (:mod:`symlib.symmetry.stream`); BatchNorm is not one of them.
     """
 
     shapes: Mapping[str, tuple[int, ...]]
@@ -157,6 +161,7 @@ class Spec:
     continuous: Mapping[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     vocab: int | None = None
     aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    norms: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for a in self.actions:
@@ -200,6 +205,10 @@ class Spec:
                 raise SymmetryError(f"continuous group of {label!r}: not a permutation label of this spec, "
                                     "a kind other than 'qk' and 'vo', or a negative number of extra "
                                     "dimensions")
+        for weight, kind in self.norms.items():
+            if weight not in self.shapes or kind not in ("layer", "rms"):
+                raise SymmetryError(f"normalisation {weight!r}: not a parameter of this spec, or a kind "
+                                    "other than 'layer' and 'rms'")
 
     def _check_slices(self) -> None:
         """Labels of one kind on one axis act on disjoint slices; one plain action covers its axis."""
@@ -287,7 +296,8 @@ class Spec:
                 f"max/avg pooling), but layer {layer!r} {why}{more}. Permutations still apply: "
                 "spec_of(model, input_shape, scalings='none') (or spec.without_scalings()) gives the "
                 "permutation-only spec; scalings='partial' (or spec.with_partial_scalings()) keeps the "
-                "scalings of the layers where they hold."
+                "scalings of the layers where they hold (on the command line: --scalings none or "
+                "--scalings partial)."
             )
 
     def without_scalings(self) -> Spec:

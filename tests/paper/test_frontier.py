@@ -175,6 +175,27 @@ def test_frame_lines_up_the_committed_runs():
         F.frame(doc["sizes"][:1], labels=["a", "b"])
 
 
+def test_frame_keeps_counts_integer():
+    """Counts (parameters, levels, draws, round trips, divergences) stay integers in frontier.frame, also
+    beside a run that did not converge (NaN times) and in a one-line table: a table shows 392, not 392.0."""
+    def row(hidden, n, converged):
+        check = {"cpu_s": 10.0, "wall_s": 20.0, "draws": 250,
+                 "sampler": {"levels": 7, "step_cold": 0.05, "round_trips": [3, 2], "divergences": 1},
+                 "canonical": {"rhat_max": 1.004, "ess_min": 512.5}, "invariant": {"rhat_max": 1.002,
+                                                                                  "ess_min": 640.0}}
+        return {"hidden": hidden, "n_params": n, "converged": converged, "cpu_s": 12.5, "last": check,
+                "converged_at": check if converged else None, "warmup": {"barrier": 3.5}}
+
+    counts = ["parameters", "levels", "draws per chain", "round trips (least chain)",
+              "divergent trajectories"]
+    for rows in ([row([2], 40, True), row([4, 4], 90, False)], [row([8], 130, False)]):
+        t = F.frame(rows)
+        assert all(t[c].dtype.kind == "i" for c in counts), t.dtypes
+        assert t["CPU s to converge"].dtype.kind == "f" and t["converged"].tolist()[-1] == "no"
+        assert t.loc["-".join(map(str, rows[0]["hidden"])), "parameters"] == rows[0]["n_params"]
+        assert t.loc[t.index[-1], "round trips (least chain)"] == 2
+
+
 def test_certification_needs_consecutive_checks_both_halves_and_few_divergences():
     """The rule fixed before looking: the criterion at the last two checks in a row, each half alone below
     R-hat 1.01, and a divergent share at the posterior's level at most the stated one."""

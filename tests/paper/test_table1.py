@@ -219,6 +219,17 @@ def test_display_reads_like_a_paper():
     assert "56.4 [55.7, 57.1]" in html and "\u2264 0.01" in html and ">0.23<" in html
 
 
+def test_display_keeps_its_caption_and_integer_counts():
+    """A caption is the table's own (an HTML caption, so two tables of one cell keep theirs); an integer
+    column prints its counts without decimals, and a missing count (pd.NA) as the dash."""
+    frame = pd.DataFrame({"parameters": pd.array([392, pd.NA], dtype="Int64"), "MMD": [56.44, 0.0]},
+                         index=["OptuNet", "MLP"])
+    html = table1.display(frame, uuid="c", caption="to the DE target:").to_html()
+    assert "<caption>to the DE target:</caption>" in html and html.index("<caption>") < html.index("<thead>")
+    assert ">392<" in html and "392.0" not in html and table1.MISSING in html and ">56.4<" in html
+    assert "<caption" not in table1.display(frame, uuid="d").to_html()
+
+
 def test_subsample_tests_sizes_and_bounds():
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(30, 4, generator=gen, dtype=torch.float64),)

@@ -127,13 +127,12 @@ def test_the_chapters_defaults_are_what_make_zoo_caches():
     exec(cell, ns)
     settings = dataclasses.replace(F.SETTINGS, n_chains=ns["n_chains"], n_leapfrog=ns["n_leapfrog"],
                                    warmup=tuple(ns["warmup"]), mass=ns["mass"], orbit_moves=ns["orbit_moves"],
-                                   shift_moves=ns["shift_moves"], budget=ns["frontier_budget"])
+                                   shift_moves=ns["shift_moves"], budget=ns["frontier_budget"],
+                                   target_accept=ns["target_accept"])
     assert settings == F.SETTINGS
-    until_converged = dataclasses.replace(settings, rounds=None, budget=ns["reference_budget"],
-                                          target_accept=ns["reference_target_accept"])
+    until_converged = dataclasses.replace(settings, rounds=None, budget=ns["reference_budget"])
     assert until_converged == truth.REFERENCE["cpu"]
-    assert dataclasses.replace(settings, rounds=ns["reference_rounds"],
-                               target_accept=ns["reference_target_accept"]) == truth.REFERENCE["paper"]
+    assert dataclasses.replace(settings, rounds=ns["reference_rounds"]) == truth.REFERENCE["paper"]
     assert tuple(ns["hidden"]) == truth.HIDDEN and ns["scale"] == "cpu"
     assert tuple(ns["hidden_large"]) == truth.HIDDEN_LARGE
 

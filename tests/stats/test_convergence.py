@@ -70,6 +70,7 @@ def test_permuted_copies_diverge_raw_and_converge_canonical_and_invariant():
     frame = rep.frame()
     assert list(frame.index) == list(CV.SCALES) and frame.loc["raw", "quantities"] == sum(
         v[0, 0].numel() for v in draws.values())
+    assert frame["quantities"].dtype.kind == "i" and frame["rhat_max"].dtype.kind == "f"  # prints 9, not 9.0
     json.dumps(rep.to_json())
     assert set(rep["invariant"].of("f(x)[0]")) == {"rhat", "ess_bulk", "ess_tail", "rhat_per_chain",
                                                    "ess_bulk_per_chain"}

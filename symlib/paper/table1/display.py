@@ -59,13 +59,15 @@ def paper_tables(ours, paper=None, groups: Sequence[Sequence[str]] = PAPER_GROUP
 
 
 def display(frame, digits: int = 1, p_columns: Sequence = (), floor: float | None = None,
-            missing: str = MISSING, uuid: str | None = None):
+            missing: str = MISSING, uuid: str | None = None, caption: str | None = None):
     """A DataFrame styled to read like a paper's table (a pandas ``Styler``; the frame is not changed).
 
     Numbers get ``digits`` decimals, missing values print as ``missing`` ("–", not NaN), the columns
     named in ``p_columns`` are p-values (:func:`format_p`, ``"≤ 0.01"`` at ``floor``), strings pass
     through. Hyphens in the row labels become non-breaking ("multi-mode" never wraps), no cell wraps, and
-    a table wider than the page scrolls horizontally instead of being cut off.
+    a table wider than the page scrolls horizontally instead of being cut off. A ``caption`` is part of the
+    table (an HTML ``<caption>`` above it): a cell that shows several tables gives each its own caption
+    this way, where printed captions would be merged into one stream above all the tables.
 
     Args:
         frame: the table (any index; MultiIndex columns allowed).
@@ -74,15 +76,18 @@ def display(frame, digits: int = 1, p_columns: Sequence = (), floor: float | Non
         floor: the p-values' floor (:func:`p_floor`).
         missing: what a missing value prints as.
         uuid: a fixed id for the HTML (stable outputs across runs).
+        caption: the table's caption, or ``None``.
 
     Returns:
         ``frame.style`` with the formats and the table styles set.
     """
+    from pandas import NA
+
     def cell(v):
         if isinstance(v, str):
             return v
-        if v is None or (isinstance(v, float | np.floating) and np.isnan(v)):
-            return missing
+        if v is None or v is NA or (isinstance(v, float | np.floating) and np.isnan(v)):
+            return missing  # NaN, or pd.NA in an integer column (dtype "Int64")
         if isinstance(v, int | np.integer) and not isinstance(v, bool):
             return str(v)
         return f"{float(v):.{digits}f}"
@@ -101,10 +106,13 @@ def display(frame, digits: int = 1, p_columns: Sequence = (), floor: float | Non
         styler = styler.format(lambda v: format_p(v, floor) if not isinstance(v, str) else v,
                                subset=p_columns)
     styler = styler.format_index(label, axis=0)
-    return styler.set_table_styles([
-        {"selector": "", "props": "display: block; overflow-x: auto; max-width: 100%;"},
-        {"selector": "th, td", "props": "white-space: nowrap;"},
-    ])
+    styles = [{"selector": "", "props": "display: block; overflow-x: auto; max-width: 100%;"},
+              {"selector": "th, td", "props": "white-space: nowrap;"}]
+    if caption is not None:
+        styler = styler.set_caption(caption)
+        styles.append({"selector": "caption",
+                       "props": "caption-side: top; text-align: left; padding: 0 0 0.3em;"})
+    return styler.set_table_styles(styles)
 
 
 def with_interval(frame, column: str, digits: int = 1) -> list[str]:

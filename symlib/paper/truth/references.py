@@ -259,7 +259,7 @@ PILOT = COMMITTED / "pilot.json"
 
 
 def pilot(hidden: Sequence[int] = HIDDEN, seeds: Sequence[int] = REFERENCE_SEEDS,
-          target_accepts: Sequence[float] = (_frontier.SETTINGS.target_accept, TARGET_ACCEPT),
+          target_accepts: Sequence[float] = (_frontier.Settings().target_accept, TARGET_ACCEPT),
           segments: int = 4, out: str | os.PathLike | None = PILOT) -> dict[str, Any]:
     """Short runs of the reference's sampler (warm-up, then ``segments`` checks) for every seed and target
     acceptance: the divergent trajectories at each level, the step size at the posterior's level and the

@@ -40,6 +40,10 @@ label entry covering a block of entries after a flatten:
   one label acts on every tensor that reads or writes the stream (embeddings, position embeddings, class
   tokens, every norm, the inputs of every projection, the outputs of every output projection); the norm
   fixes the stream's scale, and its affine weight opens a scale undone by the next layer's columns.
+  Written out (Hugging Face's ``weight * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))``,
+  :mod:`~symlib.symmetry.trace.norms`): a reduction over the features is a statistic no permutation
+  changes (no label, the input's scales fixed), and a parameter vector times features whose scales are
+  fixed opens a scale.
 * splitting features: ``split``, ``chunk``, ``unbind`` and indexing along the labelled axis cut its label
   into parts (a fused query-key-value layer; SwiGLU's gate and value, whose product pairs them); a
   reshape ``(..., h * k) -> (..., h, k)`` spreads features over heads and its converse merges them back;
@@ -52,6 +56,10 @@ label entry covering a block of entries after a flatten:
   :math:`GL(d_v)`) and the redundant key and value biases are recorded in ``Spec.continuous``.
   ``nn.MultiheadAttention`` and torchvision's ``shifted_window_attention`` are rules of their own;
   ``F.linear``, ``x @ W``, ``torch.addmm`` with a parameter, and embeddings act as layers.
+* rotary position embeddings and grouped-query attention (:mod:`~symlib.symmetry.trace.heads`): a product
+  with a tensor that varies along a head's features (``cos``, ``sin``), a slice of every head or a repeat
+  of the heads (``repeat_kv``, ``enable_gqa``) leaves only whole heads movable: a label of one entry per
+  head, acting in blocks of the head's width; query heads form blocks of the key-value groups.
 * views of a parameter (``expand``, ``unsqueeze``, ``permute``, ``.T``) stay that parameter: a class token
   concatenated to the patch embeddings, a position embedding added to them, move with their labels.
 
@@ -59,7 +67,11 @@ The network's input and every tensor that reaches the output are fixed: their la
 "fixed" class (:data:`FIXED`) that no symmetry acts on. Anything else (other matrix products, a cut
 through a flattened channel, a parameter computed into something else before it meets labelled tensors,
 an unknown module or function on a labelled tensor or on features split into heads) raises
-:class:`~symlib.symmetry.spec.SymmetryError` naming the node.
+:class:`~symlib.symmetry.spec.SymmetryError` naming the node and, when it was traced inside a submodule,
+the module's path and class (``in module 'model.layers.0.self_attn' (LlamaAttention)``). A layer with
+parameters but no rule that reads only unlabelled tensors (the input) gets no label, and an empty spec of a
+network whose layers have hidden units is suspect: both issue a :class:`SmallSpecWarning` (the spec is
+valid, but smaller than the group).
 
 Layout: :mod:`~symlib.symmetry.trace.labels` (the labels of a tensor: segments, grids, scores, and the
 union-find with parities and parts), :mod:`~symlib.symmetry.trace.walker` (the walk, the bookkeeping the
@@ -68,7 +80,9 @@ an operation gets, looked up in one place), and the rules: :mod:`~symlib.symmetr
 with parameters, as modules or functions), :mod:`~symlib.symmetry.trace.channelwise` (activations,
 arithmetic, reductions, concatenation), :mod:`~symlib.symmetry.trace.views` (reshapes, axis moves,
 indexing and splits, views of parameters), :mod:`~symlib.symmetry.trace.attention` (attention: its
-products, heads and scores, and whole attention layers). Here: :func:`spec_of` (trace, propagate shapes,
+products, heads and scores, and whole attention layers), :mod:`~symlib.symmetry.trace.norms`
+(normalisations written out), :mod:`~symlib.symmetry.trace.heads` (heads that move only whole: rotary
+embeddings, grouped-query attention). Here: :func:`spec_of` (trace, propagate shapes,
 walk) and ``assemble``, which builds the :class:`~symlib.symmetry.spec.Spec` from the walk's records
 (each recorded action on the final label classes, cut labels replaced by their parts, tied parameters
 and their aliases, blocks of grouped convolutions and heads, the continuous groups of attention).
@@ -79,6 +93,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -91,16 +106,25 @@ from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
 
 from symlib.errors import InputShapeError
 from symlib.symmetry.spec import Action, Spec, SymmetryError, with_scalings
+from symlib.symmetry.trace import plain
 from symlib.symmetry.trace.labels import FIXED, UnionFind
 
 if TYPE_CHECKING:
     from symlib.symmetry.trace.walker import Records
 
-__all__ = ["FIXED", "spec_of"]
+__all__ = ["FIXED", "SmallSpecWarning", "spec_of"]
+
+
+class SmallSpecWarning(UserWarning):
+    """A traced spec that is likely smaller than the model's symmetry group: a layer with parameters that no
+    rule knows read the network's input (its outputs carry no label), or the spec is empty although some
+    ``Linear``, convolution or embedding has hidden units (outputs of more than one entry that do not reach
+    the network's output). The spec is still valid (every element it lists keeps the function); it misses
+    symmetries. The message names the model's class, the layers and what to check."""
 
 
 def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: str = "auto",
-            vocab: int | None = None) -> Spec:
+            vocab: int | None = None, tracer: str = "auto") -> Spec:
     """The symmetries of ``model``, derived by tracing it with ``torch.fx`` (module docstring).
 
     Args:
@@ -124,6 +148,9 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
             ``"partial"``: the same labels, and scaling operations act on the
             layers where scalings hold. ``"none"``: permutations only (valid for
             every element-wise activation).
+        tracer: ``"auto"`` (default): ``torch.fx``, else ``torch.export``;
+            ``"fx"`` or ``"export"``: that one only (both give the same spec
+            where both trace the model).
 
     Returns:
         The spec, with ``forward`` (evaluating the model functionally, in eval
@@ -143,16 +170,22 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
         raise SymmetryError(f"spec_of takes an nn.Module, got {type(model).__name__}")
     if scalings not in ("auto", "partial", "none"):
         raise ValueError(f"scalings must be 'auto', 'partial' or 'none', got {scalings!r}")
+    if tracer not in ("auto", "fx", "export"):
+        raise ValueError(f"tracer must be 'auto', 'fx' or 'export', got {tracer!r}")
     input_shape = tuple(int(d) for d in input_shape)
     ref = next(iter(model.parameters()), None)
     dtype = dtype or (ref.dtype if ref is not None else torch.float32)
     device = device or (ref.device if ref is not None else None)
     modes = {m: m.training for m in model.modules()}
+    config = getattr(model, "config", None)  # a Hugging Face model: its key/value cache only hides the graph
+    cache = getattr(config, "use_cache", None)
     dummy = (torch.zeros(2, *input_shape, dtype=torch.long, device=device) if vocab is not None
              else torch.zeros(2, *input_shape, dtype=dtype, device=device))
     try:
         model.eval()  # the spec is of the eval-mode function (``if self.training`` branches traced so)
-        gm = _trace(model, dummy)
+        if cache:
+            config.use_cache = False
+        gm = _trace(model, dummy, tracer)
         try:
             _propagate(gm, dummy)
         except Exception as err:
@@ -162,27 +195,78 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
     finally:
         for m, t in modes.items():
             m.train(t)
+        if cache:
+            config.use_cache = cache
     records = Walker(model, gm, rules.apply).walk()
     spec = with_scalings(assemble(records, model), scalings)
+    _warn_if_small(records, spec, model)
     if vocab is not None:
         _check_vocab(gm, int(vocab))
         spec = dataclasses.replace(spec, vocab=int(vocab))
     return spec.with_forward(_eval_forward(model), input_shape)
 
 
+def _warn_if_small(records: Records, spec: Spec, model: nn.Module) -> None:
+    """Warn (:class:`SmallSpecWarning`) when layers without a rule read the input, or when the spec is
+    empty although a ``Linear``, convolution or embedding has hidden units (more than one output entry,
+    and its outputs do not reach the network's output: a lone classifier's spec is empty rightly)."""
+    name = type(model).__name__
+    check = ("check that symlib knows these layers (compare spec_of(..., tracer='fx') with tracer='export'; "
+             "supported: Linear, Conv1d/2d/3d, BatchNorm, LayerNorm, embeddings, attention), or write the "
+             "Spec by hand (symlib.symmetry.spec.Spec)")
+    if records.opaque:
+        warnings.warn(SmallSpecWarning(
+            f"spec_of({name}): no rule for {', '.join(records.opaque)}, which read parameters of the model "
+            f"and unlabelled tensors (the network's input): their outputs carry no label, so the spec misses "
+            f"their symmetries; {check}"), stacklevel=3)
+        return
+    if spec.perms:
+        return
+    producers = set(records.output_producers)
+    hidden = [k or type(m).__name__ for k, m in model.named_modules()  # (a layer's label is named after
+              if isinstance(m, _LAYERS) and _units(m) > 1  # its weight's module: "weight" for the root)
+              and f"{k}.weight".lstrip(".").rsplit(".", 1)[0] not in producers]
+    if hidden:
+        warnings.warn(SmallSpecWarning(
+            f"spec_of({name}) found no symmetry although the layers {', '.join(map(repr, hidden[:4]))}"
+            f"{' ...' if len(hidden) > 4 else ''} have hidden units (outputs of more than one entry that do "
+            f"not reach the network's output); {check}"), stacklevel=3)
+
+
+_LAYERS = (nn.Linear, nn.modules.conv._ConvNd, nn.Embedding)
+
+
+def _units(m: nn.Module) -> int:
+    """The number of output units of a ``Linear``, a convolution or an embedding."""
+    return int(getattr(m, "out_features", None) or getattr(m, "out_channels", None) or m.embedding_dim)
+
+
 def _check_vocab(gm: torch.fx.GraphModule, vocab: int) -> None:
-    """Refuse a ``vocab`` larger than the rows of an embedding that reads the token ids (the graph's
-    input) directly: the functional checks would draw ids it cannot look up."""
+    """Refuse a ``vocab`` larger than the rows of an embedding that looks up the token ids (the graph's
+    input, or integer tensors computed from it: a view, a reshape): the functional checks would draw ids it
+    cannot look up."""
     inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
+
+    def reads_ids(node, seen=None) -> bool:  # an integer tensor computed from the input's values
+        seen = set() if seen is None else seen
+        if node in inputs:
+            return True
+        meta = getattr(node, "meta", {}).get("tensor_meta") if isinstance(node, torch.fx.Node) else None
+        if meta is None or not hasattr(meta, "dtype") or meta.dtype.is_floating_point or node in seen:
+            return False
+        seen.add(node)
+        return any(reads_ids(a, seen) for a in node.all_input_nodes)
+
     for node in gm.graph.nodes:
         table = None
-        if node.op == "call_module" and node.args and node.args[0] in inputs:
+        if node.op == "call_module" and node.args and isinstance(node.args[0], torch.fx.Node) \
+                and reads_ids(node.args[0]):
             mod = gm.get_submodule(node.target)
             table = (node.target, mod.num_embeddings) if isinstance(mod, nn.Embedding) else None
         elif node.op == "call_function" and "embedding" in getattr(node.target, "__name__", str(node.target)):
             first, second = node.args[0], node.args[1]
-            ids, weight = (first, second) if first in inputs else (second, first)
-            meta = getattr(weight, "meta", {}).get("tensor_meta") if ids in inputs else None
+            ids, weight = (first, second) if reads_ids(first) else (second, first)
+            meta = getattr(weight, "meta", {}).get("tensor_meta") if reads_ids(ids) else None
             table = (weight.name, int(meta.shape[0])) if meta is not None else None
         if table is not None and vocab > table[1]:
             raise SymmetryError(f"vocab={vocab} is larger than the {table[1]} rows of the embedding "
@@ -190,21 +274,39 @@ def _check_vocab(gm: torch.fx.GraphModule, vocab: int) -> None:
                                 f"tokenizer's vocabulary size, at most the embedding's rows)")
 
 
-def _trace(model: nn.Module, dummy: torch.Tensor) -> torch.fx.GraphModule:
+def _trace(model: nn.Module, dummy: torch.Tensor, tracer: str = "auto") -> torch.fx.GraphModule:
     """The graph of ``model``: by ``torch.fx.symbolic_trace``, else by ``torch.export`` (an ATen graph whose
-    parameters are read by ``get_attr``, under their state-dict names)."""
+    parameters are read by ``get_attr``, under their state-dict names); ``tracer`` forces one of them."""
     try:
-        return torch.fx.symbolic_trace(model)
+        if tracer == "export":
+            raise SymmetryError("tracer='export' was asked for")
+        return plain.symbolic_trace(model)  # torch.fx, through PyTorch's own transformer layers
     except Exception as fx_err:  # torch.fx raises many kinds of errors
+        if tracer == "fx":
+            raise SymmetryError(f"torch.fx could not trace {type(model).__name__} ({fx_err}); pass "
+                                "tracer='auto' to export it with torch.export instead") from fx_err
         try:
             with torch.no_grad():
                 return torch.export.export(model, (dummy,), strict=False).module()
         except Exception as err:
+            first = str(err).splitlines()[0] if str(err) else ""
             raise SymmetryError(
                 f"torch.fx could not trace {type(model).__name__} ({fx_err}), and torch.export could not "
-                f"export it either ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). "
-                "Remove data-dependent control flow from forward, or write the Spec by hand"
+                f"export it either ({type(err).__name__}: {first}). {_advice(model, dummy, first)}"
             ) from err
+
+
+def _advice(model: nn.Module, dummy: torch.Tensor, error: str) -> str:
+    """What to do when neither ``torch.fx`` nor ``torch.export`` reads ``model``, from the export's error."""
+    tables = [name for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    if dummy.is_floating_point() and tables and ("indices" in error or "Long" in error):
+        return (f"The network reads token ids (its embedding {tables[0]!r} looks them up) and the dummy "
+                f"input was a float tensor: pass vocab=N (--vocab N; a Hugging Face config.json's vocab_size "
+                f"is read when present), with the input shape (TOKENS,)")
+    if "Cache" in error:
+        return ("The model returns a key/value cache (a Hugging Face decoder with use_cache=True): set "
+                "model.config.use_cache = False before tracing")
+    return "Remove data-dependent control flow from forward, or write the Spec by hand"
 
 
 def _propagate(gm: torch.fx.GraphModule, dummy: torch.Tensor) -> None:
@@ -285,6 +387,7 @@ def assemble(records: Records, model: nn.Module) -> Spec:
         output_bias=bias if bias in shapes else None, no_scaling=dict(records.no_scaling),
         blocks=_blocks(records, perms), continuous=_continuous(records, perms, actions, shapes, weights),
         aliases={x: group[0] for group in groups for x in group[1:] if x in shapes},
+        norms={k: v for k, v in records.norms.items() if k in shapes},
     )
 
 

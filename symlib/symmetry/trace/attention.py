@@ -38,7 +38,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from symlib.symmetry.trace import layers
+from symlib.symmetry.trace import heads, layers
 from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Grid, Multi, Scores, Seg, State
 from symlib.symmetry.trace.walker import name_of
 
@@ -57,7 +57,7 @@ def _features(w, node, arg, on: int):
     if isinstance(st, State) and st.axis == on and len(st.segs) == 1 and st.segs[0].inner == 1:
         return st.segs[0], 1, shape[on], None
     if (isinstance(st, Grid) and len(st.axes) == 2 and st.axes[1] == on and len(st.segs) == 1
-            and st.segs[0].inner == 1):
+            and (st.segs[0].inner == 1 or heads.heads_only(st))):  # in-head labels, or whole heads
         return st.segs[0], st.sizes[0], st.sizes[1], st.axes[0] - nd
     raise w.refuse(node, "an attention whose features are not one label laid out as (heads, features) on "
                    "the last axes", "project queries, keys and values with one linear layer each (or one "
@@ -72,6 +72,8 @@ def pair_qk(w, node, q, k):
             if seg is not None:
                 w.fix_seg(seg)
         return UNLABELLED
+    if sq.inner > 1 or sk.inner > 1:  # heads only (rotary embeddings, repeated keys)
+        return heads.pair(w, node, q, k)
     if (hq, dq, aq) != (hk, dk, ak):
         raise w.refuse(node, f"queries of {hq} heads of {dq} and keys of {hk} heads of {dk}",
                        "give queries and keys the same heads (grouped-query attention is not supported)")
@@ -93,6 +95,8 @@ def attend(w, node, scores, v):
         if isinstance(scores, Scores):
             w.grouped.append((scores.follows, FIXED, scores.heads))
         return UNLABELLED
+    if sv.inner > 1:  # values repeated for grouped-query attention
+        return heads.attend(w, node, scores, v)
     if isinstance(scores, Scores):
         if scores.heads != hv or scores.axis - nd != av:
             raise w.refuse(node, f"attention weights of {scores.heads} heads on values of {hv} heads",
@@ -137,9 +141,9 @@ def _on(st, axis: int, shape) -> bool:
 
 def sdpa(w, node, op=None):
     """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)``."""
-    if w.arg(node, 7, "enable_gqa", False):
-        raise w.refuse(node, "grouped-query attention (enable_gqa=True)", "give keys the heads of queries")
     q, k, v = (_features(w, node, w.arg(node, i, n), -1) for i, n in enumerate(("query", "key", "value")))
+    if w.arg(node, 7, "enable_gqa", False) and q[1] != k[1]:  # grouped-query attention: repeat key heads
+        k, v = (heads.repeat(w, node, x, q[1] // x[1]) for x in (k, v))
     scores = pair_qk(w, node, q, k)
     mask = w.arg(node, 3, "attn_mask")
     if isinstance(mask, torch.fx.Node) and w.shape(mask) is not None:

@@ -11,11 +11,12 @@ that picks these rules is :mod:`~symlib.symmetry.trace.rules`.
             \qquad b \leftarrow P_\mathrm{out}\,\mathrm{diag}(\lambda_\mathrm{out})\,b .
 
   ``F.linear``, ``x @ W`` and ``torch.addmm(b, x, W)`` (Hugging Face's ``Conv1D``) with a parameter ``W``
-  (or a view of one) are linear layers too. A grouped convolution ties its input and output labels'
-  blocks (``Spec.blocks``).
-* BatchNorm (eval mode, paper D.4.3): same permutation as its input; the input scale :math:`\lambda` is
-  absorbed by the running statistics (mean: power 1, ``var + eps``: power 2), and ``weight``/``bias`` open
-  a new scale :math:`\mu`:
+  (or a view of one) are linear layers too, and so are ``F.conv1d/2d/3d`` and ATen's ``conv2d`` and
+  ``convolution`` with a parameter (graphs from ``torch.export``). A grouped convolution ties its input and
+  output labels' blocks (``Spec.blocks``).
+* BatchNorm (eval mode, paper D.4.3; the module, ``F.batch_norm``, ATen's ``batch_norm``): same permutation
+  as its input; the input scale :math:`\lambda` is absorbed by the running statistics (mean: power 1,
+  ``var + eps``: power 2), and ``weight``/``bias`` open a new scale :math:`\mu`:
 
   .. math:: \gamma\frac{\lambda z - \lambda m}{\sqrt{\lambda^2 (v + \epsilon)}} + \beta
             = \gamma\frac{z - m}{\sqrt{v + \epsilon}} + \beta.
@@ -143,25 +144,54 @@ def addmm(w, node, op=None) -> State:
 def conv(w, node, mod) -> State:
     """``nn.Conv1d/2d/3d``, grouped and depthwise too (paper D.4.2)."""
     name = node.target
+    bias = f"{name}.bias" if mod.bias is not None else None
+    return _conv(w, node, name, f"{name}.weight", bias, mod.out_channels, mod.in_channels, mod.groups)
+
+
+def _conv(w, node, name: str, weight: str, bias: str | None, out_channels: int, in_channels: int,
+          g: int) -> State:
+    """A convolution of weight ``weight`` (``(out, in / g, *kernel)``) and ``g`` groups, from a module or a
+    function."""
     _, segs = _read(w, node, "channel")
     if any(s.inner != 1 for s in segs):
         raise w.refuse(node, "a convolution over flattened channels", "convolve channel maps (N, C, ...)")
-    g = mod.groups
     labelled = [s for s in segs if not w.seg_fixed(s)]
     if g > 1 and labelled and len(segs) != 1:
         raise w.refuse(
             node, f"the grouped convolution {name!r} reading a concatenation",
             "grouped convolutions are supported on the output of one layer (or a residual stream)",
         )
-    weight, bias = f"{name}.weight", [(f"{name}.bias", 0)] if mod.bias is not None else []
+    bias = [(bias, 0)] if bias is not None else []
     if g == 1:
-        return _dense(w, name, mod.out_channels, 1, weight, 1, 0, segs, bias)
+        return _dense(w, name, out_channels, 1, weight, 1, 0, segs, bias)
     w.weights.add(weight)
-    s = segs[0] if len(segs) == 1 else Seg(FIXED, FIXED, mod.in_channels)
+    s = segs[0] if len(segs) == 1 else Seg(FIXED, FIXED, in_channels)
     w.act(weight, 1, s.perm, s.scale, -1, groups=g)
-    out = open_label(w, name, mod.out_channels, 1, (weight, 0), *bias)
+    out = open_label(w, name, out_channels, 1, (weight, 0), *bias)
     w.grouped.append((s.perm, out.segs[0].perm, g))
     return out
+
+
+def conv_function(w, node, op=None) -> State:
+    """``F.conv1d/2d/3d(x, weight, bias, stride, padding, dilation, groups)`` (and ATen's ``conv2d``, ...;
+    ATen's ``convolution``, whose groups come last, when not transposed) with parameters of the model."""
+    aten_convolution = op == "convolution"
+    if aten_convolution and node.args[6]:
+        raise w.refuse(node, "a transposed convolution", "its symmetries are unknown to symlib; write the "
+                       "Spec by hand")
+    wt = _whole(w, node, w.arg(node, 1, "weight"), "convolution weight")
+    b = _whole(w, node, w.arg(node, 2, "bias"), "convolution bias")
+    g = int(node.args[8] if aten_convolution else w.arg(node, 6, "groups", 1))
+    return _conv(w, node, layer_of(wt.name), wt.name, b.name if b is not None else None, wt.shape[0],
+                 wt.shape[1] * g, g)
+
+
+def _whole(w, node, arg, what: str) -> Attr | None:
+    """The parameter behind ``arg``, read whole (not a view of it), or ``None``."""
+    st = param(w, node, arg, what)
+    if st is not None and st.axes is not None and st.axes != tuple(range(len(st.shape))):
+        raise w.refuse(node, f"the {what} {st.name!r} read through a view", "pass the parameter itself")
+    return st
 
 
 # ------------------------------------------------------------------------------------- normalisations
@@ -178,26 +208,61 @@ def _open_scales(w, name, segs) -> tuple[Seg, ...]:
 def batchnorm(w, node, mod) -> State:
     """BatchNorm in eval mode (module docstring)."""
     name = node.target
-    st, segs = _read(w, node, "channel")
     if not mod.track_running_stats:
-        raise w.refuse(
-            node, f"the BatchNorm {name!r} without running statistics",
-            "in eval mode it normalises with batch statistics, which couples samples; build it with "
-            "track_running_stats=True",
-        )
-    w.act_on(f"{name}.running_mean", 0, segs, 1)
-    w.act_on(f"{name}.running_var", 0, segs, 2, offset=float(mod.eps))
-    if not mod.affine:
+        raise _batch_statistics(w, node, name)
+    affine = (f"{name}.weight", f"{name}.bias") if mod.affine else None
+    return _batchnorm(w, node, name, f"{name}.running_mean", f"{name}.running_var", affine, float(mod.eps))
+
+
+def _batch_statistics(w, node, name: str):
+    return w.refuse(
+        node, f"the BatchNorm {name!r} without running statistics",
+        "in eval mode it normalises with batch statistics, which couples samples; build it with "
+        "track_running_stats=True",
+    )
+
+
+def _batchnorm(w, node, name: str, mean: str, var: str, affine: tuple[str, str | None] | None,
+               eps: float) -> State:
+    """BatchNorm in eval mode on the running statistics ``mean``, ``var`` and the ``(weight, bias)`` of
+    ``affine``, from a module or a function."""
+    st, segs = _read(w, node, "channel")
+    w.act_on(mean, 0, segs, 1)
+    w.act_on(var, 0, segs, 2, offset=eps)
+    if affine is None:
         return State(st.axis, tuple(Seg(s.perm, FIXED, s.n, s.inner) for s in segs), st.producer)
-    w.weights.add(f"{name}.weight")
+    w.weights.add(affine[0])
     out = _open_scales(w, name, segs)
-    w.act_on(f"{name}.weight", 0, out, 1)
-    w.act_on(f"{name}.bias", 0, out, 1)
+    for p in affine:
+        if p is not None:
+            w.act_on(p, 0, out, 1)
     return State(st.axis, out, st.producer)
 
 
-def layernorm(w, node, normalized_shape, weight: str | None, bias: str | None, layer: str) -> State:
-    """LayerNorm over the last axis (``normalized_shape = (C,)``), from a module or ``F.layer_norm``."""
+def batchnorm_function(w, node, op=None) -> State:
+    """``F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`` in eval mode,
+    and ``torch.batch_norm`` / ATen's ``batch_norm(x, weight, bias, running_mean, running_var, training,
+    momentum, eps, cudnn_enabled)``."""
+    functional = op is F.batch_norm
+    keys = ("running_mean", "running_var", "weight", "bias") if functional else (
+        "weight", "bias", "running_mean", "running_var")
+    args = {k: w.arg(node, i + 1, k) for i, k in enumerate(keys)}
+    named = {k: _whole(w, node, a, f"BatchNorm {k}") for k, a in args.items()}
+    layer = layer_of(next((p.name for p in named.values() if p is not None), node.name + "."))
+    if named["running_mean"] is None or named["running_var"] is None or w.arg(node, 5, "training", False):
+        raise _batch_statistics(w, node, layer)
+    if named["weight"] is None and named["bias"] is not None:
+        raise w.refuse(node, f"the BatchNorm {layer!r} with a bias but no weight", "give it both or neither")
+    affine = None if named["weight"] is None else (
+        named["weight"].name, named["bias"].name if named["bias"] is not None else None)
+    eps = float(w.arg(node, 7, "eps", 1e-5))
+    return _batchnorm(w, node, layer, named["running_mean"].name, named["running_var"].name, affine, eps)
+
+
+def layernorm(w, node, normalized_shape, weight: str | None, bias: str | None, layer: str,
+              kind: str = "layer") -> State:
+    """LayerNorm (``kind="layer"``) or RMSNorm (``"rms"``) over the last axis (``normalized_shape =
+    (C,)``), from a module, ``F.layer_norm`` or ``F.rms_norm``."""
     src = w.tensor_args(node)[0]
     st = w.input(node)
     shape = w.shape(src)
@@ -216,6 +281,7 @@ def layernorm(w, node, normalized_shape, weight: str | None, bias: str | None, l
     if weight is None:
         return State(st.axis, segs, st.producer)
     w.weights.add(weight)
+    w.norms[weight] = kind
     out = _open_scales(w, layer, segs)
     w.act_on(weight, 0, out, 1)
     if bias is not None:
@@ -228,7 +294,8 @@ def norm_module(w, node, mod) -> State:
     name = node.target
     weight, bias = mod.weight, getattr(mod, "bias", None)
     return layernorm(w, node, tuple(mod.normalized_shape), f"{name}.weight" if weight is not None else None,
-                     f"{name}.bias" if bias is not None else None, name)
+                     f"{name}.bias" if bias is not None else None, name,
+                     "rms" if isinstance(mod, nn.RMSNorm) else "layer")
 
 
 def norm_function(w, node, op) -> State:
@@ -236,7 +303,8 @@ def norm_function(w, node, op) -> State:
     shape = w.arg(node, 1, "normalized_shape")
     weight = attr_name(w, node, w.arg(node, 2, "weight"))
     bias = attr_name(w, node, w.arg(node, 3, "bias")) if op is F.layer_norm else None
-    return layernorm(w, node, tuple(shape), weight, bias, weight.rsplit(".", 1)[0] if weight else node.name)
+    return layernorm(w, node, tuple(shape), weight, bias, weight.rsplit(".", 1)[0] if weight else node.name,
+                     "rms" if op is F.rms_norm else "layer")
 
 
 # ------------------------------------------------------------------------------------------ embeddings

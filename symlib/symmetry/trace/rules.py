@@ -42,8 +42,8 @@ import torch.fx
 from torch import nn
 from torch.nn import functional as F
 
-from symlib.symmetry.trace import attention, channelwise, layers, views
-from symlib.symmetry.trace.labels import UNLABELLED, Grid, Multi, Scores, State
+from symlib.symmetry.trace import attention, channelwise, heads, layers, norms, views
+from symlib.symmetry.trace.labels import UNLABELLED, Attr, Grid, Multi, Scores, State
 from symlib.symmetry.trace.walker import name_of
 
 
@@ -80,7 +80,14 @@ def _nothing(w, node, op=None) -> None:
 
 _KEEP = {"grid": attention.keep, "scores": attention.keep}  # copies, dropout: heads and scores stay
 _SCORES = {"scores": attention.keep}  # element-wise on attention scores: their heads stay
-_ARITH = {"grid": attention.arithmetic, "scores": attention.arithmetic}
+def _grid_arithmetic(w, node, op):
+    """Arithmetic on features split into heads: the rotary cases of :func:`.heads.arithmetic`, else
+    :func:`.attention.arithmetic`."""
+    out = heads.arithmetic(w, node, op)
+    return attention.arithmetic(w, node, op) if out is None else out
+
+
+_ARITH = {"grid": _grid_arithmetic, "scores": attention.arithmetic}
 _PASS = Rule(channelwise.passthrough, **_SCORES)
 _NONHOMOGENEOUS = Rule(channelwise.nonhomogeneous, **_SCORES)
 _RESHAPE = _every(views.reshape, params=views.reshaped_param)
@@ -92,7 +99,9 @@ _ROWS: list[tuple[tuple, Rule]] = [
     # layers with parameters (layers.py) and attention layers (attention.py)
     ((nn.Linear,), Rule(layers.linear_module)),
     ((nn.Conv1d, nn.Conv2d, nn.Conv3d), Rule(layers.conv)),
+    ((F.conv1d, F.conv2d, F.conv3d, "convolution"), Rule(layers.conv_function)),
     ((nn.modules.batchnorm._BatchNorm,), Rule(layers.batchnorm)),
+    ((F.batch_norm, torch.batch_norm), Rule(layers.batchnorm_function)),
     ((nn.LayerNorm, nn.RMSNorm), Rule(layers.norm_module)),
     ((F.layer_norm, F.rms_norm), Rule(layers.norm_function)),
     ((nn.Embedding,), Rule(layers.embedding_module)),
@@ -115,7 +124,7 @@ _ROWS: list[tuple[tuple, Rule]] = [
       F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
       F.adaptive_avg_pool3d, F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
       torch.max_pool1d, torch.max_pool2d, torch.max_pool3d, torch.avg_pool1d, torch.adaptive_avg_pool1d,
-      operator.neg, torch.neg, ".relu", ".relu_", ".neg", ".__neg__"), _PASS),
+      ".relu", ".relu_"), _PASS),
     ((F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, "torchvision.ops.stochastic_depth.stochastic_depth"),
      Rule(channelwise.passthrough, **_KEEP)),
     ((".contiguous", ".clone", ".detach", ".float", ".double", ".to", ".alias"),
@@ -134,11 +143,11 @@ _ROWS: list[tuple[tuple, Rule]] = [
       ".__add__", ".__iadd__", ".__radd__", ".sub", ".sub_", ".__sub__", ".__isub__"),
      Rule(channelwise.add, **_ARITH)),
     ((operator.mul, operator.imul, torch.mul, ".mul", ".mul_", ".__mul__", ".__imul__", ".__rmul__"),
-     Rule(channelwise.mul, **_ARITH)),
+     Rule(norms.mul, **_ARITH)),
     ((operator.truediv, operator.itruediv, torch.div, ".div", ".div_", ".__truediv__", ".__itruediv__"),
      Rule(channelwise.div, **_ARITH)),
-    ((torch.mean, torch.amax, torch.sum, ".mean", ".amax", ".sum"), Rule(channelwise.reduce)),
-    ((torch.cat, torch.concat, torch.concatenate), Rule(channelwise.cat)),
+    ((torch.mean, torch.amax, torch.sum, ".mean", ".amax", ".sum"), Rule(norms.reduce)),
+    ((torch.cat, torch.concat, torch.concatenate), Rule(channelwise.cat, grid=heads.cat)),
     # views of tensors and of parameters (views.py)
     ((torch.flatten, torch.squeeze, torch.unsqueeze, torch.reshape, ".flatten", ".view", ".reshape",
       ".squeeze", ".unsqueeze"), _RESHAPE),
@@ -153,13 +162,16 @@ _ROWS: list[tuple[tuple, Rule]] = [
       "split_with_sizes", ".chunk", ".split", ".tensor_split", ".unbind", ".split_with_sizes"), _SPLIT),
     ((f"{_SWIN}._patch_merging_pad",), _every(views.patch_merging)),
     ((torch.clone, torch.detach, ".half", ".lift_fresh_copy"), Rule(params=views.same_param)),
-    ((torch.broadcast_to, ".expand", ".expand_as", ".broadcast_to"), Rule(params=views.expanded_param)),
+    ((torch.broadcast_to, ".expand", ".expand_as", ".broadcast_to"),
+     Rule(grid=heads.expand, params=views.expanded_param)),
     ((f"{_SWIN}._get_relative_position_bias",), Rule(params=views.relative_position_bias)),
     # shape queries and ATen checks (no tensor, no label); .T and .mT of a parameter
     ((getattr,), Rule(params=views.moved_param, multi=_nothing)),
     ((torch.numel, ".size", ".dim", ".numel", ".ndimension", "_assert_tensor_metadata", "sym_size",
       "sym_stride", "sym_numel", "sym_storage_offset", "_assert_async", "_assert_scalar"),
      Rule(multi=_nothing)),
+    # negation keeps features split into heads (rotate_half of rotary embeddings, heads.py)
+    ((operator.neg, torch.neg, ".neg", ".__neg__"), Rule(channelwise.passthrough, grid=heads.neg, **_SCORES)),
 ]
 
 
@@ -190,6 +202,14 @@ ATEN = {
     "matmul": torch.matmul, "bmm": torch.bmm, "mm": torch.mm, "softmax": torch.softmax,
     "_softmax": torch.softmax, "log_softmax": torch.log_softmax,
     "scaled_dot_product_attention": F.scaled_dot_product_attention,
+    "conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d, "batch_norm": torch.batch_norm,
+    "add_": operator.iadd, "sub_": operator.isub, "mul_": operator.imul, "div_": operator.itruediv,
+    "relu_": torch.relu_, "leaky_relu": F.leaky_relu, "hardtanh": F.hardtanh, "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid, "elu": F.elu, "mish": F.mish, "softplus": F.softplus,
+    "max_pool1d": F.max_pool1d, "max_pool2d": F.max_pool2d, "max_pool3d": F.max_pool3d,
+    "avg_pool1d": F.avg_pool1d, "avg_pool2d": F.avg_pool2d, "avg_pool3d": F.avg_pool3d,
+    "adaptive_avg_pool1d": F.adaptive_avg_pool1d, "adaptive_avg_pool2d": F.adaptive_avg_pool2d,
+    "adaptive_avg_pool3d": F.adaptive_avg_pool3d,
 }
 ATEN_METHODS = {"clone", "alias", "contiguous", "detach", "lift_fresh_copy", "masked_fill", "expand"}
 
@@ -271,9 +291,21 @@ def _refuse_on_heads(w, node, op, is_method: bool, first):
                     "are known on them")
 
 
+def _layer(w, node, op) -> str:
+    """``"up (ConvTranspose2d)"``: the layer of a node with parameters (a module, or the module of the first
+    parameter a function reads) and its kind."""
+    if node.op == "call_module":
+        return f"{node.target} ({type(op).__name__})"
+    attrs = [w.states[a] for a in w.nested_nodes((node.args, node.kwargs))
+             if isinstance(w.states.get(a), Attr)]
+    return f"{attrs[0].name.rsplit('.', 1)[0] if attrs else node.name} ({name_of(op)})"
+
+
 def _unknown(w, node, op, is_method: bool) -> State:
     """An operation without a rule: nothing to do on inputs without labels, else refused."""
     if w.fixed_inputs(node):  # e.g. an embedding of the input: nothing to act on yet
+        if w.has_parameters(node):  # a layer without a rule: its outputs' symmetries are missed
+            w.opaque.append(_layer(w, node, op))
         return UNLABELLED
     if node.op == "call_module":
         if node in w.tail:  # e.g. a final normalisation: the labels would reach the output anyway
@@ -281,8 +313,9 @@ def _unknown(w, node, op, is_method: bool) -> State:
         raise w.refuse(
             node, f"the module {node.target!r} of type {type(op).__name__}",
             "its symmetries are unknown to symlib; supported: Linear, Conv1d/2d/3d (grouped and depthwise "
-            "too), BatchNorm, LayerNorm over channels, element-wise activations, pooling, dropout, flatten, "
-            "concatenation, residual additions and gating products. Write its Spec by hand "
+            "too), BatchNorm, LayerNorm and RMSNorm over channels, Embedding, MultiheadAttention, "
+            "TransformerEncoder(Layer), element-wise activations, pooling, dropout, flatten, concatenation, "
+            "residual additions and gating products (page 'Architectures'). Write its Spec by hand "
             "(symlib.symmetry.spec.Spec) instead",
         )
     what = f"the method .{op}()" if is_method else f"the function {name_of(op)}"

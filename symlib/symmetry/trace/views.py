@@ -32,6 +32,7 @@ import math
 import torch
 import torch.fx
 
+from symlib.symmetry.trace import heads
 from symlib.symmetry.trace.labels import FIXED, UNLABELLED, Attr, Grid, Multi, Scores, Seg, State
 from symlib.symmetry.trace.walker import name_of
 
@@ -230,9 +231,8 @@ def _piece(w, node, st, dim: int, lo: int, hi: int, drop: bool):
         return Scores(shift(st.axis), st.heads, st.follows)
     if dim not in st.axes:
         return Grid(tuple(shift(a) for a in st.axes), st.sizes, st.segs, st.producer)
-    if dim != st.axes[0]:
-        raise w.refuse(node, "a selection along an inner axis of features spread over several axes",
-                       "select along the slowest axis (e.g. queries, keys, values), not inside a head")
+    if dim != st.axes[0]:  # the same features of every head (rotate_half): only whole heads move
+        return _inside_heads(w, node, heads.collapse(w, node, st), dim, lo, hi, drop, shift)
     unit = math.prod(st.sizes[1:])
     segs = cut_segs(w, node, st.segs, [lo * unit, hi * unit])
     segs = _take(segs, lo * unit, hi * unit)
@@ -245,6 +245,27 @@ def _piece(w, node, st, dim: int, lo: int, hi: int, drop: bool):
     if len(axes) == 1:
         return State(axes[0], segs, st.producer)
     return Grid(tuple(axes), tuple(sizes), segs, st.producer)
+
+
+def _inside_heads(w, node, st: Grid, dim: int, lo: int, hi: int, drop: bool, shift):
+    """Entries ``lo:hi`` of the inner grid axis ``dim`` of a heads-only (or fixed) grid: each label entry
+    keeps its heads, now with fewer features each."""
+    if w.is_fixed(st):
+        return UNLABELLED
+    k = st.axes.index(dim)
+    sizes = list(st.sizes)
+    seg = st.segs[0]
+    inner = seg.inner // sizes[k] * (hi - lo)
+    axes = list(st.axes)
+    if drop:
+        del axes[k], sizes[k]
+    else:
+        sizes[k] = hi - lo
+    axes = [shift(a) for a in axes]
+    out = (Seg(seg.perm, seg.scale, seg.n, inner),)
+    if len(axes) == 1:
+        return State(axes[0], out, st.producer)
+    return Grid(tuple(axes), tuple(sizes), out, st.producer)
 
 
 def pieces(w, node, op=None) -> Multi | None:

@@ -36,6 +36,27 @@ def name_of(target) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
+def module_path(node) -> str | None:
+    """The innermost module ``node`` was traced in, from ``node.meta["nn_module_stack"]`` (``torch.fx`` and
+    ``torch.export`` record it): ``"model.layers.0.self_attn"``; ``None`` at the model's top level."""
+    stack = node.meta.get("nn_module_stack") if isinstance(node, torch.fx.Node) else None
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return path or None
+
+
+def _where(node) -> str:
+    """`` in module 'path' (Class)`` for a node traced inside a submodule, else ``""``."""
+    stack = node.meta.get("nn_module_stack") if isinstance(node, torch.fx.Node) else None
+    path = module_path(node)
+    if path is None:
+        return ""
+    cls = list(stack.values())[-1][1]
+    cls = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+    return f" in module {path!r} ({cls})"
+
+
 @dataclasses.dataclass
 class Records:
     """What a walk records, and all that ``assemble`` (:mod:`symlib.symmetry.trace`) reads.
@@ -51,6 +72,9 @@ class Records:
         kinds: label -> ``"qk"`` (queries and keys) or ``"vo"`` (values): the attention labels.
         no_bias_shift: attention labels whose biases are not redundant (``add_zero_attn``).
         output_producers: the layers whose outputs reach the network's output, in order.
+        norms: the weight of every LayerNorm (``"layer"``) and RMSNorm (``"rms"``) with one (``Spec.norms``).
+        opaque: the operations with parameters but no rule that read unlabelled tensors (the input): their
+            results carry no label, so the symmetries of their outputs are missed (``SmallSpecWarning``).
     """
 
     perm_uf: UnionFind = dataclasses.field(default_factory=UnionFind)
@@ -62,6 +86,8 @@ class Records:
     kinds: dict[str, str] = dataclasses.field(default_factory=dict)
     no_bias_shift: set[str] = dataclasses.field(default_factory=set)
     output_producers: list[str | None] = dataclasses.field(default_factory=list)
+    norms: dict[str, str] = dataclasses.field(default_factory=dict)
+    opaque: list[str] = dataclasses.field(default_factory=list)
 
 
 class Walker(Records):
@@ -213,7 +239,7 @@ class Walker(Records):
     def input(self, node) -> State:
         args = self.tensor_args(node)
         if not args:
-            raise SymmetryError(f"node {node.name!r} ({node.target}) has no tensor input")
+            raise SymmetryError(f"node {node.name!r} ({node.target}){_where(node)} has no tensor input")
         st = self.states[args[0]]
         if isinstance(st, (Grid, Scores, Multi)):
             raise self.refuse(node, "an operation on features split into heads or on attention scores",
@@ -222,7 +248,8 @@ class Walker(Records):
 
     def refuse(self, node, what: str, fix: str) -> SymmetryError:
         target = node.target if isinstance(node.target, str) else name_of(node.target)
-        return SymmetryError(f"spec_of cannot handle {what} at node {node.name!r} (target {target!r}): {fix}")
+        return SymmetryError(f"spec_of cannot handle {what} at node {node.name!r} (target {target!r})"
+                             f"{_where(node)}: {fix}")
 
     def fixed_inputs(self, node) -> bool:
         return all(self.is_fixed(self.states.get(a)) for a in self.nested_nodes((node.args, node.kwargs)))
