@@ -352,17 +352,11 @@ def _figure_names(text: str) -> set[str]:
     return set(re.findall(r"^(?:`{3,}|:{3,})\{glue:figure\}\s*(\S+)", text, re.M))
 
 
-# Chapters whose pages show tables only: no figure to put on a result slide until the chapter glues one.
-WITHOUT_FIGURE = {"architectures", "own_network"}
-
-
 @pytest.mark.parametrize("chapter", [c for c in course_book.toc_chapters(ROOT)
                                      if (ROOT / "book" / f"{c}.ipynb").is_file()])
-def test_every_deck_shows_a_result_figure_and_stated_results(chapter, request):
+def test_every_deck_shows_a_result_figure_and_stated_results(chapter):
     """A chapter's deck has result slides: at least one glued figure of the committed run (an image on the
     slide) and the sentences that state its numbers."""
-    if chapter in WITHOUT_FIGURE:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"{chapter} glues no figure yet"))
     nb = _notebook(chapter)
     d = course_slides.deck(chapter, nb)
     assert any(s.kind == "result" for s in d.slides), f"{chapter}: no glued number stated on the deck"

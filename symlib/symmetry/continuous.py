@@ -109,11 +109,11 @@ def _heads_view(t: torch.Tensor, a: Action, spec: Spec) -> torch.Tensor:
 def align_heads(a: Params, b: Params, spec: Spec) -> Params:
     r"""``b`` moved towards ``a`` by one orthogonal matrix per head of every continuous label (orthogonal
     Procrustes, book: chapter "Transformers"): the orthogonal matrices of :math:`GL(d_k)` and
-    :math:`GL(d_v)`, for which :math:`A^{-	op} = A`, so the queries' and the keys' rows (the values' rows
+    :math:`GL(d_v)`, for which :math:`A^{-\top} = A`, so the queries' and the keys' rows (the values' rows
     and the output projection's columns) of head :math:`g` all turn by the same :math:`R_g`. The
-    :math:`R_g` maximising :math:`\sum_t \langle X^a_{t,g}, R_g X^b_{t,g} angle` over the tensors
-    :math:`t` the label acts on is :math:`U V^	op` for the SVD :math:`U S V^	op` of
-    :math:`\sum_t X^a_{t,g} {X^b_{t,g}}^	op` (one ``k x k`` matrix per head). ``b``'s function is kept
+    :math:`R_g` maximising :math:`\sum_t \langle X^a_{t,g}, R_g X^b_{t,g} \rangle` over the tensors
+    :math:`t` the label acts on is :math:`U V^\top` for the SVD :math:`U S V^\top` of
+    :math:`\sum_t X^a_{t,g} {X^b_{t,g}}^\top` (one ``k x k`` matrix per head). ``b``'s function is kept
     (:func:`act`). Labels acting on blocks of entries (rotary heads) are left alone. One network each,
     without batch dimensions."""
     mats = {}

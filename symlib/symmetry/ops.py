@@ -75,11 +75,13 @@ def _check_blocks(perms: dict[str, torch.Tensor], spec: Spec) -> None:
             else:
                 sigma = torch.arange(groups)
             sigma = sigma.cpu()
-            if tie is None and not bool((sigma == torch.arange(groups)).all()):
-                raise SymmetryError(
-                    f"permutation {label!r} moves whole groups, but its groups reach the network's "
-                    "output: only permutations within groups are symmetries"
-                )
+            if tie is None:  # untied blocks stay in place, each label on its own (their counts may differ)
+                if not bool((sigma == torch.arange(groups)).all()):
+                    raise SymmetryError(
+                        f"permutation {label!r} moves whole groups, but its groups reach the network's "
+                        "output: only permutations within groups are symmetries"
+                    )
+                continue
             if seen is not None and not bool((seen == sigma).all()):
                 raise SymmetryError(
                     f"labels {labels} must move their groups together (a grouped convolution ties "
@@ -228,7 +230,7 @@ def dense_weight(theta: Params, spec: Spec, param: str) -> torch.Tensor:
     output channel ``o`` of group ``g = o // (C_out/G)`` reads input channels
     ``g*C_in/G ... (g+1)*C_in/G - 1``. The dense weight is
 
-    .. math:: D[o, g\,C_{in}/G + j] = W[o, j], \qquad D[o, c] = 0 	ext{ elsewhere},
+    .. math:: D[o, g\,C_{in}/G + j] = W[o, j], \qquad D[o, c] = 0 \text{ elsewhere},
 
     so a grouped convolution equals an ordinary one with weight ``D``. Every
     symmetry of the spec acts on ``D`` as on an ordinary weight (rows and

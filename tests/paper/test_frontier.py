@@ -124,7 +124,7 @@ def test_committed_frontier_is_a_sweep_of_the_chapter_settings():
     assert doc["format"] == "symlib-frontier/1"
     assert F.sampler_settings(doc["settings"]) == {**F.sampler_settings(F.SETTINGS),
                                                    "budget": doc["settings"]["budget"]}
-    assert F.rule(doc["settings"]) == F.EARLIER_RULE  # judged before the rule had fields: a rerun is due
+    assert F.rule(doc["settings"]) == {k: getattr(F.SETTINGS, k) for k in F.RULE_FIELDS}  # the chapter's rule
     assert [tuple(r["hidden"]) for r in doc["sizes"]] == [tuple(h) for h in F.SIZES]
     for r in doc["sizes"]:
         assert r["n_params"] == P.n_params(r["hidden"])
@@ -133,6 +133,10 @@ def test_committed_frontier_is_a_sweep_of_the_chapter_settings():
             assert hit and all(c["canonical"]["rhat_max"] < 1.01 and c["invariant"]["rhat_max"] < 1.01 and
                                c["canonical"]["ess_min"] >= 400 and c["invariant"]["ess_min"] >= 400
                                for c in hit[:1])
+            # the rule: the criterion at `confirm` checks in a row, each half below 1.01, few divergences
+            assert all(c["criterion"] for c in r["checks"][-F.SETTINGS.confirm:])
+            assert max(hit[0]["halves"]) < 1.01
+            assert hit[0]["sampler"]["divergent_share_cold"] <= F.SETTINGS.max_divergent
         assert np.isfinite(r["cpu_s"])
 
 
@@ -213,3 +217,29 @@ def test_certification_needs_consecutive_checks_both_halves_and_few_divergences(
     assert runs.certify([True, True], good, 0.01, s)
     earlier = dataclasses.replace(s, confirm=1, halves=False, max_divergent=1.0)
     assert runs.certify([False, True], None, 0.5, earlier)
+
+
+def test_committed_replicates_are_the_frontier_from_other_seeds():
+    """Each committed replicate is a sweep of the chapter's settings but its seed, over layouts the
+    frontier also ran; `replicates` puts one line per layout and seed."""
+    docs = [F.results()] + [F.results(p) for p in F.REPLICATES if p.is_file()]
+    assert len(docs) == 3
+    seeds = [int(d["settings"]["seed"]) for d in docs]
+    assert len(set(seeds)) == 3
+    base = {k: v for k, v in docs[0]["settings"].items() if k != "seed"}
+    for d in docs[1:]:
+        assert {k: v for k, v in d["settings"].items() if k != "seed"} == base
+        assert {tuple(r["hidden"]) for r in d["sizes"]} <= {tuple(r["hidden"]) for r in docs[0]["sizes"]}
+    table = F.replicates(docs)
+    assert table.index.names == ["hidden", "seed"]
+    ran = {("-".join(map(str, r["hidden"])), int(d["settings"]["seed"]))
+           for d in docs[1:] for r in d["sizes"]}
+    assert {h for h, _ in ran} == set(table.index.get_level_values("hidden"))
+    assert set(table.index) == ran | {(h, seeds[0]) for h, _ in ran}
+    for (h, seed), row in table.iterrows():
+        r = next(r for d in docs if int(d["settings"]["seed"]) == seed for r in d["sizes"]
+                 if "-".join(map(str, r["hidden"])) == h)
+        assert (row["certified"] == "yes") == r["converged"]
+        assert (row["CPU s to certify"] == r["converged_at"]["cpu_s"]) if r["converged"] else \
+            np.isnan(row["CPU s to certify"])
+

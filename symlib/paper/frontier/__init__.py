@@ -54,16 +54,20 @@ from symlib.paper.frontier.runs import (
     spec,
 )
 
-__all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "EARLIER_RULE", "ESS", "RESULTS", "RHAT",
+__all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "EARLIER_RULE", "ESS", "REPLICATES", "RESULTS", "RHAT",
            "RULE_FIELDS", "SETTINGS", "SIZES", "Run", "Settings", "ablation", "canonical_forms", "certify",
-           "frame", "functionals", "halves", "judge", "machine", "main", "name", "results", "rule", "run",
-           "sampler_settings", "spec", "summary", "sweep"]
+           "frame", "functionals", "halves", "judge", "machine", "main", "name", "replicates", "results",
+           "rule", "run", "sampler_settings", "spec", "summary", "sweep"]
 
 SIZES: tuple[tuple[int, ...], ...] = ((2,), (4,), (8,), (16,), (32,), (2, 2), (4, 4), (8, 8), (16, 16))
 """The hidden layouts of the frontier: one and two hidden layers of growing width."""
 
 RESULTS = Path(__file__).parents[1] / "results" / "frontier.json"
 """The committed frontier (machine, date and command recorded inside)."""
+
+REPLICATES = tuple(Path(__file__).parents[1] / "results" / f"frontier-seed{k}.json" for k in (1, 2))
+"""The committed reruns of the smallest layouts from other seeds (``python -m symlib.paper.frontier --sizes
+2,4 --set seed=K --out ...``): the frontier's runs replicated where the budget allowed."""
 
 ABLATION = Path(__file__).parents[1] / "results" / "ablation.json"
 """The committed ablation of the sampler's settings on :data:`ABLATION_HIDDEN` (:func:`ablation`)."""
@@ -168,6 +172,31 @@ def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str] | None = None):
     index = pd.Index(list(labels) if labels is not None else ["-".join(map(str, r["hidden"])) for r in rows],
                      name="variant" if labels is not None else "hidden")
     return pd.DataFrame([line(r) for r in rows], index=index)
+
+
+def replicates(docs: Sequence[dict[str, Any]]):
+    """One line per layout and seed of several sweeps (the committed frontier and :data:`REPLICATES`): the
+    layouts that more than one sweep ran, with whether and when each run was certified.
+
+    Returns:
+        A :class:`pandas.DataFrame` indexed by ``("hidden", "seed")``; NaN where a run was not certified.
+    """
+    import pandas as pd
+
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    for doc in docs:
+        seed = int(doc["settings"]["seed"])
+        for r in doc["sizes"]:
+            at = r["converged_at"]
+            runs[("-".join(map(str, r["hidden"])), seed)] = {
+                "parameters": r["n_params"], "certified": "yes" if r["converged"] else "no",
+                "CPU s to certify": at["cpu_s"] if at else np.nan,
+                "draws per chain": (at or r["last"])["draws"],
+                "divergent trajectories": r["last"]["sampler"]["divergences"]}
+    shared = {h for h, _ in runs if sum(1 for k in runs if k[0] == h) > 1}
+    keys = sorted((k for k in runs if k[0] in shared), key=lambda k: (runs[k]["parameters"], k[1]))
+    index = pd.MultiIndex.from_tuples(keys, names=["hidden", "seed"])
+    return pd.DataFrame([runs[k] for k in keys], index=index)
 
 
 def sweep(sizes: Sequence[Sequence[int]] = SIZES, settings: Settings = SETTINGS,

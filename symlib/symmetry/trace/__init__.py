@@ -41,7 +41,7 @@ label entry covering a block of entries after a flatten:
   tokens, every norm, the inputs of every projection, the outputs of every output projection); the norm
   fixes the stream's scale, and its affine weight opens a scale undone by the next layer's columns.
   Written out (Hugging Face's ``weight * (x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))``,
-  :mod:`~symlib.symmetry.trace.norms`): a reduction over the features is a statistic no permutation
+  :mod:`~symlib.symmetry.trace.channelwise`): a reduction over the features is a statistic no permutation
   changes (no label, the input's scales fixed), and a parameter vector times features whose scales are
   fixed opens a scale.
 * splitting features: ``split``, ``chunk``, ``unbind`` and indexing along the labelled axis cut its label
@@ -78,12 +78,13 @@ union-find with parities and parts), :mod:`~symlib.symmetry.trace.walker` (the w
 rules share, and the records it yields), :mod:`~symlib.symmetry.trace.rules` (the rule table: which rule
 an operation gets, looked up in one place), and the rules: :mod:`~symlib.symmetry.trace.layers` (layers
 with parameters, as modules or functions), :mod:`~symlib.symmetry.trace.channelwise` (activations,
-arithmetic, reductions, concatenation), :mod:`~symlib.symmetry.trace.views` (reshapes, axis moves,
-indexing and splits, views of parameters), :mod:`~symlib.symmetry.trace.attention` (attention: its
-products, heads and scores, and whole attention layers), :mod:`~symlib.symmetry.trace.norms`
-(normalisations written out), :mod:`~symlib.symmetry.trace.heads` (heads that move only whole: rotary
-embeddings, grouped-query attention). Here: :func:`spec_of` (trace, propagate shapes,
-walk) and ``assemble``, which builds the :class:`~symlib.symmetry.spec.Spec` from the walk's records
+arithmetic, reductions, concatenation, normalisations written out), :mod:`~symlib.symmetry.trace.views`
+(reshapes, axis moves, indexing and splits, views of parameters), :mod:`~symlib.symmetry.trace.attention`
+(attention: its products, heads and scores, and whole attention layers),
+:mod:`~symlib.symmetry.trace.heads` (heads that move only whole: rotary embeddings, grouped-query
+attention); :mod:`~symlib.symmetry.trace.inputs` says what the dummy input must be. Here: :func:`spec_of`
+(trace, with :class:`PlainTracer` through PyTorch's own transformer layers, propagate shapes, walk) and
+``assemble``, which builds the :class:`~symlib.symmetry.spec.Spec` from the walk's records
 (each recorded action on the final label classes, cut labels replaced by their parts, tied parameters
 and their aliases, blocks of grouped convolutions and heads, the continuous groups of attention).
 """
@@ -106,7 +107,7 @@ from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
 
 from symlib.errors import InputShapeError
 from symlib.symmetry.spec import Action, Spec, SymmetryError, with_scalings
-from symlib.symmetry.trace import plain
+from symlib.symmetry.trace import inputs
 from symlib.symmetry.trace.labels import FIXED, UnionFind
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
     spec = with_scalings(assemble(records, model), scalings)
     _warn_if_small(records, spec, model)
     if vocab is not None:
-        _check_vocab(gm, int(vocab))
+        inputs.check_vocab(gm, int(vocab))
         spec = dataclasses.replace(spec, vocab=int(vocab))
     return spec.with_forward(_eval_forward(model), input_shape)
 
@@ -241,46 +242,13 @@ def _units(m: nn.Module) -> int:
     return int(getattr(m, "out_features", None) or getattr(m, "out_channels", None) or m.embedding_dim)
 
 
-def _check_vocab(gm: torch.fx.GraphModule, vocab: int) -> None:
-    """Refuse a ``vocab`` larger than the rows of an embedding that looks up the token ids (the graph's
-    input, or integer tensors computed from it: a view, a reshape): the functional checks would draw ids it
-    cannot look up."""
-    inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
-
-    def reads_ids(node, seen=None) -> bool:  # an integer tensor computed from the input's values
-        seen = set() if seen is None else seen
-        if node in inputs:
-            return True
-        meta = getattr(node, "meta", {}).get("tensor_meta") if isinstance(node, torch.fx.Node) else None
-        if meta is None or not hasattr(meta, "dtype") or meta.dtype.is_floating_point or node in seen:
-            return False
-        seen.add(node)
-        return any(reads_ids(a, seen) for a in node.all_input_nodes)
-
-    for node in gm.graph.nodes:
-        table = None
-        if node.op == "call_module" and node.args and isinstance(node.args[0], torch.fx.Node) \
-                and reads_ids(node.args[0]):
-            mod = gm.get_submodule(node.target)
-            table = (node.target, mod.num_embeddings) if isinstance(mod, nn.Embedding) else None
-        elif node.op == "call_function" and "embedding" in getattr(node.target, "__name__", str(node.target)):
-            first, second = node.args[0], node.args[1]
-            ids, weight = (first, second) if reads_ids(first) else (second, first)
-            meta = getattr(weight, "meta", {}).get("tensor_meta") if reads_ids(ids) else None
-            table = (weight.name, int(meta.shape[0])) if meta is not None else None
-        if table is not None and vocab > table[1]:
-            raise SymmetryError(f"vocab={vocab} is larger than the {table[1]} rows of the embedding "
-                                f"{table[0]!r} that reads the token ids; pass vocab={table[1]} (the "
-                                f"tokenizer's vocabulary size, at most the embedding's rows)")
-
-
 def _trace(model: nn.Module, dummy: torch.Tensor, tracer: str = "auto") -> torch.fx.GraphModule:
     """The graph of ``model``: by ``torch.fx.symbolic_trace``, else by ``torch.export`` (an ATen graph whose
     parameters are read by ``get_attr``, under their state-dict names); ``tracer`` forces one of them."""
     try:
         if tracer == "export":
             raise SymmetryError("tracer='export' was asked for")
-        return plain.symbolic_trace(model)  # torch.fx, through PyTorch's own transformer layers
+        return _symbolic_trace(model)  # torch.fx, through PyTorch's own transformer layers
     except Exception as fx_err:  # torch.fx raises many kinds of errors
         if tracer == "fx":
             raise SymmetryError(f"torch.fx could not trace {type(model).__name__} ({fx_err}); pass "
@@ -292,21 +260,63 @@ def _trace(model: nn.Module, dummy: torch.Tensor, tracer: str = "auto") -> torch
             first = str(err).splitlines()[0] if str(err) else ""
             raise SymmetryError(
                 f"torch.fx could not trace {type(model).__name__} ({fx_err}), and torch.export could not "
-                f"export it either ({type(err).__name__}: {first}). {_advice(model, dummy, first)}"
+                f"export it either ({type(err).__name__}: {first}). {inputs.advice(model, dummy, first)}"
             ) from err
 
 
-def _advice(model: nn.Module, dummy: torch.Tensor, error: str) -> str:
-    """What to do when neither ``torch.fx`` nor ``torch.export`` reads ``model``, from the export's error."""
-    tables = [name for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
-    if dummy.is_floating_point() and tables and ("indices" in error or "Long" in error):
-        return (f"The network reads token ids (its embedding {tables[0]!r} looks them up) and the dummy "
-                f"input was a float tensor: pass vocab=N (--vocab N; a Hugging Face config.json's vocab_size "
-                f"is read when present), with the input shape (TOKENS,)")
-    if "Cache" in error:
-        return ("The model returns a key/value cache (a Hugging Face decoder with use_cache=True): set "
-                "model.config.use_cache = False before tracing")
-    return "Remove data-dependent control flow from forward, or write the Spec by hand"
+# -------------------------------------------- PyTorch's transformer layers, traced through by torch.fx
+def _encoder_layer(mod: nn.TransformerEncoderLayer, src, src_mask=None, src_key_padding_mask=None,
+                   is_causal: bool = False):
+    """``nn.TransformerEncoderLayer.forward`` without its fast path."""
+
+    def attend(x):
+        out = mod.self_attn(x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask,
+                            need_weights=False, is_causal=is_causal)[0]
+        return mod.dropout1(out)
+
+    def feed_forward(x):
+        return mod.dropout2(mod.linear2(mod.dropout(mod.activation(mod.linear1(x)))))
+
+    x = src
+    if mod.norm_first:
+        x = x + attend(mod.norm1(x))
+        return x + feed_forward(mod.norm2(x))
+    x = mod.norm1(x + attend(x))
+    return mod.norm2(x + feed_forward(x))
+
+
+def _encoder(mod: nn.TransformerEncoder, src, mask=None, src_key_padding_mask=None, is_causal=None):
+    """``nn.TransformerEncoder.forward`` without its fast path (no nested tensors)."""
+    x = src
+    for layer in mod.layers:
+        x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+    return x if mod.norm is None else mod.norm(x)
+
+
+_PLAIN = {nn.TransformerEncoderLayer: _encoder_layer, nn.TransformerEncoder: _encoder}
+"""PyTorch's layers traced through by their plain forward (:class:`PlainTracer`) instead of as one call."""
+
+
+class PlainTracer(torch.fx.Tracer):
+    """``torch.fx``'s tracer, which traces the modules of ``_PLAIN`` through their plain forward."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return type(m) not in _PLAIN and super().is_leaf_module(m, qualname)
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        plain = _PLAIN.get(type(m))
+        if plain is not None:
+            def forward(*a, **k):  # noqa: F811 (the plain forward replaces the module's own)
+                return plain(m, *a, **k)
+        return super().call_module(m, forward, args, kwargs)
+
+
+def _symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` with :class:`PlainTracer`."""
+    tracer = PlainTracer()
+    graph = tracer.trace(model)
+    name = model.__class__.__name__ if isinstance(model, nn.Module) else model.__name__
+    return torch.fx.GraphModule(tracer.root, graph, name)
 
 
 def _propagate(gm: torch.fx.GraphModule, dummy: torch.Tensor) -> None:

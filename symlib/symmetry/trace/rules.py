@@ -42,7 +42,7 @@ import torch.fx
 from torch import nn
 from torch.nn import functional as F
 
-from symlib.symmetry.trace import attention, channelwise, heads, layers, norms, views
+from symlib.symmetry.trace import attention, channelwise, heads, layers, views
 from symlib.symmetry.trace.labels import UNLABELLED, Attr, Grid, Multi, Scores, State
 from symlib.symmetry.trace.walker import name_of
 
@@ -143,11 +143,13 @@ _ROWS: list[tuple[tuple, Rule]] = [
       ".__add__", ".__iadd__", ".__radd__", ".sub", ".sub_", ".__sub__", ".__isub__"),
      Rule(channelwise.add, **_ARITH)),
     ((operator.mul, operator.imul, torch.mul, ".mul", ".mul_", ".__mul__", ".__imul__", ".__rmul__"),
-     Rule(norms.mul, **_ARITH)),
+     Rule(channelwise.norm_mul, **_ARITH)),
     ((operator.truediv, operator.itruediv, torch.div, ".div", ".div_", ".__truediv__", ".__itruediv__"),
      Rule(channelwise.div, **_ARITH)),
-    ((torch.mean, torch.amax, torch.sum, ".mean", ".amax", ".sum"), Rule(norms.reduce)),
+    ((torch.mean, torch.amax, torch.sum, ".mean", ".amax", ".sum"), Rule(channelwise.norm_reduce)),
     ((torch.cat, torch.concat, torch.concatenate), Rule(channelwise.cat, grid=heads.cat)),
+    ((F.pad, "constant_pad_nd", ".pad"), Rule(channelwise.pad)),
+    ((torch.roll, "roll", ".roll"), Rule(channelwise.roll)),
     # views of tensors and of parameters (views.py)
     ((torch.flatten, torch.squeeze, torch.unsqueeze, torch.reshape, ".flatten", ".view", ".reshape",
       ".squeeze", ".unsqueeze"), _RESHAPE),

@@ -104,6 +104,11 @@ def reshape(w, node, op=None):
                 block = math.prod(in_shape[x] for x in gi[1:])
                 segs = tuple(Seg(s.perm, s.scale, s.n, s.inner * block) for s in st.segs)
                 return State(gj[0], segs, st.producer)
+            elif gi[-1] == a and len(gj) == 1 and all(s.inner == 1 for s in st.segs):
+                # positions merged into the channels before them (timm's patch merging): k copies of the
+                # label laid end to end, as a concatenation of k parts with one label would be
+                k = math.prod(in_shape[x] for x in gi[:-1])
+                return State(gj[0], st.segs * k, st.producer)
             elif gi == [a] and all(s.inner == 1 for s in st.segs):  # split into a grid (heads)
                 return Grid(tuple(gj), tuple(out_shape[y] for y in gj), st.segs, st.producer)
             else:
@@ -335,10 +340,14 @@ def index(w, node, op=None):
 
 
 def _sliced(w, node, st, dim, sl: slice, in_shape):
-    lo, hi, step = sl.indices(in_shape[dim])
-    if (lo, hi, step) == (0, in_shape[dim], 1):
+    if dim not in labelled_axes(st):  # positions cut: no label moves (bounds may be traced ints)
         return st
-    if dim not in labelled_axes(st):
+    known = [x.meta.get("val") if isinstance(x, torch.fx.Node) else x for x in (sl.start, sl.stop, sl.step)]
+    if any(isinstance(x, torch.fx.Node) or (x is not None and not isinstance(x, int)) for x in known):
+        raise w.refuse(node, "a slice of a labelled axis with bounds known only at run time",
+                       "slice labelled axes with constant bounds")
+    lo, hi, step = slice(*known).indices(in_shape[dim])
+    if (lo, hi, step) == (0, in_shape[dim], 1):
         return st
     if step != 1:
         raise w.refuse(node, "a strided slice of a labelled axis", "slice labelled axes with step 1")
