@@ -316,3 +316,15 @@ def test_orthogonal_also_turns_each_head_back():
     assert _maxdiff(back, theta) > 1e-2  # the stream still turned: the heads alone cannot undo it
     assert _maxdiff(symlib.merge(theta, turned, spec, how="none", orthogonal=True, orthogonal_rounds=30),
                     theta) < 1e-9
+
+
+def test_orthogonal_on_a_spec_without_scalings_is_refused_not_skipped():
+    """A transformer traced with scalings='none' has lost what locates its stream: rotating it is refused
+    with the fix, not silently skipped."""
+    from transformer_nets import build
+
+    model, shape, _ = build("tv-vit", seed=0)
+    spec = symlib.spec_of(model, shape, scalings="none")
+    theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(symlib.SymmetryError, match="scalings='partial'"):
+        symlib.merge(theta, theta, spec, how="none", orthogonal=True)

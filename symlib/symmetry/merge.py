@@ -173,6 +173,10 @@ def _rotate_stream(a: Params, b: Params, spec: Spec) -> Params:
         raise SymmetryError(f"orthogonal=True needs symlib.symmetry.stream, which this installation lacks "
                             f"({e}); merge with orthogonal=False") from None
     if not stream.stream_labels(spec):
+        if spec.norms and not spec.scales:  # the norms are there, but not the scale labels that find streams
+            raise SymmetryError("orthogonal=True: this spec was traced with scalings='none', which drops the "
+                                "norms' scale labels that locate a residual stream; trace the network with "
+                                "scalings='partial' (--scalings partial) to rotate its stream")
         return b
     return stream.align_stream(a, b, spec)
 
