@@ -83,7 +83,7 @@ arithmetic, reductions, concatenation, normalisations written out), :mod:`~symli
 (attention: its products, heads and scores, and whole attention layers),
 :mod:`~symlib.symmetry.trace.heads` (heads that move only whole: rotary embeddings, grouped-query
 attention); :mod:`~symlib.symmetry.trace.inputs` says what the dummy input must be. Here: :func:`spec_of`
-(trace, with :class:`PlainTracer` through PyTorch's own transformer layers, propagate shapes, walk) and
+(trace, with ``PlainTracer`` through PyTorch's own transformer layers, propagate shapes, walk) and
 ``assemble``, which builds the :class:`~symlib.symmetry.spec.Spec` from the walk's records
 (each recorded action on the final label classes, cut labels replaced by their parts, tied parameters
 and their aliases, blocks of grouped convolutions and heads, the continuous groups of attention).
@@ -294,7 +294,7 @@ def _encoder(mod: nn.TransformerEncoder, src, mask=None, src_key_padding_mask=No
 
 
 _PLAIN = {nn.TransformerEncoderLayer: _encoder_layer, nn.TransformerEncoder: _encoder}
-"""PyTorch's layers traced through by their plain forward (:class:`PlainTracer`) instead of as one call."""
+"""PyTorch's layers traced through by their plain forward (``PlainTracer``) instead of as one call."""
 
 
 class PlainTracer(torch.fx.Tracer):
@@ -312,7 +312,7 @@ class PlainTracer(torch.fx.Tracer):
 
 
 def _symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with :class:`PlainTracer`."""
+    """``torch.fx.symbolic_trace`` with ``PlainTracer``."""
     tracer = PlainTracer()
     graph = tracer.trace(model)
     name = model.__class__.__name__ if isinstance(model, nn.Module) else model.__name__
