@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
                    help="comma-separated alignments, each measured: none, weights, activations (activation "
                         "matching on the embedded MNIST training digits); default none,weights")
     p.add_argument("--orthogonal", action="store_true",
-                   help="also rotate B's residual stream onto A's (pre-norm transformers; nothing to "
-                        "rotate otherwise)")
+                   help="also rotate B's residual stream and each attention head onto A's (pre-norm "
+                        "transformers; nothing to rotate otherwise)")
     p.add_argument("--points", type=int, default=11, metavar="N",
                    help="evenly spaced t from 0 to 1, the ends included (default 11)")
     p.add_argument("--seed", type=int, default=0, help="of the weight matching's visiting order")

@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--to", required=True, help="the folder to create (must not exist, or be empty)")
     p.add_argument("--how", choices=("none", "weights", "activations"), default="weights", help=HOW_HELP)
     p.add_argument("--orthogonal", action="store_true",
-                   help="also rotate B's residual stream onto A's (pre-norm transformers; nothing to "
-                        "rotate otherwise)")
+                   help="also rotate B's residual stream and each attention head onto A's (pre-norm "
+                        "transformers; nothing to rotate otherwise)")
     p.add_argument("--t", type=float, default=0.5, metavar="T",
                    help="weight of B in the average (default 0.5; 0: A, 1: B matched to A)")
     p.add_argument("--seed", type=int, default=0, help="of the weight matching's visiting order")
@@ -61,9 +61,8 @@ def read_pair(args):
         k = next((k for k in sorted(set(a) ^ set(b))), None) or next(k for k in a if a[k].shape != b[k].shape)
         raise CheckpointError(f"{args.a} and {args.b} hold different architectures (tensor {k!r} differs); "
                               f"{args.group} takes two networks of one architecture")
-    trace = sources.trace_options(args) if hasattr(sources, "trace_options") else {}
     origin = "--input-shape" if args.input_shape is not None else f"recorded for {args.a}"
-    spec = recipes.spec(recipe, origin=origin, **trace)
+    spec = recipes.spec(recipe, origin=origin, **sources.trace_options(args))
     return a, b, recipe.with_shape(spec.input_shape), spec, recipe.build()
 
 

@@ -167,11 +167,8 @@ def _rotate_stream(a: Params, b: Params, spec: Spec) -> Params:
     """``b`` with its residual streams rotated onto ``a``'s (``symlib.symmetry.stream.align_stream``), or
     ``b`` as is when the spec has no stream that only norms read (``stream_labels``: MLPs, CNNs, post-norm
     transformers)."""
-    try:
-        from symlib.symmetry import stream
-    except ImportError as e:
-        raise SymmetryError(f"orthogonal=True needs symlib.symmetry.stream, which this installation lacks "
-                            f"({e}); merge with orthogonal=False") from None
+    from symlib.symmetry import stream
+
     if not stream.stream_labels(spec):
         if spec.norms and not spec.scales:  # the norms are there, but not the scale labels that find streams
             raise SymmetryError("orthogonal=True: this spec was traced with scalings='none', which drops the "
