@@ -112,3 +112,15 @@ def test_public_nouns_resolve():
         assert getattr(symlib, name) is not None, name
     assert symlib.mmd.__module__ == "symlib.stats.mmd.compare"
     assert symlib.minmass.__module__.startswith("symlib.symmetry.minmass")
+
+
+def test_checkpoint_sets_do_not_go_through_the_posterior_layer():
+    """Imported and canonical sets are written in the store's format of stacked sets, not through the
+    posterior layer: no module of ``symlib.ckpt`` imports ``symlib.posteriors`` (function-level imports
+    included), and convert writes through ``symlib.store.sets``."""
+    ckpt = [p for p in FILES if _unit(_module_name(p)) == "ckpt"]
+    assert any(p.name == "convert.py" for p in ckpt)
+    for path in ckpt:
+        bad = sorted(d for d in _imports(path) if _unit(d) == "posteriors")
+        assert not bad, f"{_module_name(path)} imports {bad}: write sets through symlib.store.sets"
+    assert "symlib.store.sets" in _imports(ROOT / "ckpt" / "convert.py")

@@ -1,13 +1,17 @@
 r"""Checkpoints as symlib folders: ``symlib import`` and ``symlib canonicalize`` (book: "symlib on your own
 network").
 
-:func:`write` stores a stacked set in the project's one on-disk format (:mod:`symlib.store`: safetensors
-chunks that carry the sha256 of their tensors, a ``manifest.json``), as a sample set
-(:mod:`symlib.posteriors.io`: ``"kind": "posterior"``, ``n_modes`` checkpoints of ``n_per_mode``
-networks each), so that :func:`symlib.load`, :func:`symlib.info` (``symlib zoo info --check``),
-``symlib zoo export``, ``symlib compare`` and every function of the chapters work on it. The manifest
-adds:
+:func:`write` stores a stacked set in the project's one on-disk format, through the store's format of
+stacked sets (:mod:`symlib.store.sets`: safetensors chunks that carry the sha256 of their tensors, a
+``manifest.json`` with the set's core fields, ``n_modes`` checkpoints of ``n_per_mode`` networks each,
+``"kind": "posterior"`` on disk as for posterior sample sets), so that :func:`symlib.load`,
+:func:`symlib.info` (``symlib zoo info --check``), ``symlib zoo export``, ``symlib compare`` and every
+function of the chapters work on it. The manifest records the method (``"import"``, ``"canonical"``, ...),
+the fields every reader of the kind reads (``READER_FIELDS``: empty, checkpoints have no run seed,
+hyper-parameters, base models or training problem), and:
 
+* ``"arch"`` and ``"model"``: a network of the registry by name, with its :mod:`symlib.models` class and
+  keyword arguments (``symlib.models.build.model_spec``), else the recipe's name;
 * ``"architecture"``: the :class:`~symlib.ckpt.recipe.Recipe` that rebuilds the network (checked to give
   exactly the set's tensors before anything is written), from which the spec is traced;
 * ``"source"``: where the set came from: every file read with its size, kind and sha256, the state dict's
@@ -19,8 +23,9 @@ to read or any check fails, nothing is written (the temporary folder a killed ru
 next run to ``out``: :func:`symlib.store.remove_leftovers`; a full disk is named with the folder).
 :func:`import_checkpoints` reads checkpoint files (:func:`~symlib.ckpt.loader.read`) and writes them;
 :func:`canonical` writes the canonical forms (:func:`symlib.canonicalize`) of any set; :func:`networks`
-rebuilds the networks of an imported set, one ``nn.Module`` per checkpoint, from its recipe (what
-``symlib.load(..., as_="models")`` does for the architectures of :mod:`symlib.models`).
+rebuilds the networks of an imported set, one ``nn.Module`` per checkpoint, from its recipe
+(``symlib.models.build.networks``: what ``symlib.load(..., as_="models")`` does for the architectures of
+:mod:`symlib.models`). Nothing here depends on :mod:`symlib.posteriors`: the format is the store's.
 """
 
 from __future__ import annotations
@@ -42,12 +47,17 @@ from symlib.ckpt.recipe import Recipe
 from symlib.ckpt.recipe import spec as recipe_spec
 from symlib.ckpt.state import Reference
 from symlib.errors import SymmetryError
-from symlib.models import registry
+from symlib.models import build, registry
 from symlib.params import Params
+from symlib.store import sets
 
 __all__ = ["canonical", "check_out", "import_checkpoints", "networks", "write"]
 
 CHUNK_BYTES = 64 << 20
+#: The fields every reader of a stacked set of kind ``"posterior"`` reads (``symlib.info``, ``symlib zoo
+#: export``), recorded empty: checkpoints have no run seed, hyper-parameters, base models, diagnostics or
+#: training problem.
+READER_FIELDS = {"seed": None, "hyper": {}, "base": {"seeds": []}, "diagnostics": {}, "setup": None}
 
 
 def check_out(out: str | os.PathLike) -> Path:
@@ -71,13 +81,11 @@ def _model_record(recipe: Recipe, shapes: dict[str, tuple[int, ...]]) -> tuple[s
     """``(arch, model)`` of a sample set's manifest: a network of the registry (by name, or its factory
     ``symlib.models:OptuNet`` with the arguments its shapes give) keeps the records the rest of symlib
     knows; anything else is named by its recipe."""
-    from symlib.posteriors import io
-
     net = (registry.REGISTRY.get(recipe.target) if recipe.builder == "symlib"
            else registry.of_factory(recipe.target) if recipe.builder == "factory" else None)
     if net is not None:
         try:
-            rec = io.model_spec(net.name, shapes)
+            rec = build.model_spec(net.name, shapes)
         except (KeyError, IndexError):
             rec = None
         if rec and all(rec["kwargs"].get(k) == v for k, v in recipe.args.items()):
@@ -135,8 +143,6 @@ def write(
         CheckpointError: ``out`` exists, the recipe does not rebuild the tensors, or a weight is not
             finite; nothing is written then.
     """
-    from symlib.posteriors import SampleSet, io
-
     out = check_out(out)
     if not params:
         raise CheckpointError("no tensors to write")
@@ -155,13 +161,13 @@ def write(
     full = (f"nothing was left at {out} (the set is assembled under a temporary name): free some space and "
             f"run the same command again")
     with store.assemble(out, method, full) as tmp:  # a killed run's leftovers removed first
-        io.save(SampleSet(params, method, n_modes, n_per_mode), tmp, chunk=chunk, key=key)
-        man = io.read_manifest(tmp)
         arch, model = _model_record(recipe, {k: tuple(v.shape[1:]) for k, v in params.items()})
+        fields = {**READER_FIELDS, "arch": arch, "data": None, "model": model, "architecture": architecture}
+        man = sets.write(params, tmp, method=method, set_hash=key, n_modes=n_modes, n_per_mode=n_per_mode,
+                         chunk=chunk, fields=fields)
         for ch in man["chunks"]:
             ch["sha256"] = store.file_sha256(tmp / ch["file"])
-        man.update({"arch": arch, "model": model, "architecture": architecture,
-                    "source": store.jsonable(source or {})})
+        man["source"] = store.jsonable(source or {})
         store.write_manifest(tmp, man)
     return man
 
@@ -264,10 +270,9 @@ def networks(path: str | os.PathLike, device: str | torch.device = "cpu") -> lis
         CheckpointError: the folder records no architecture, or its factory cannot be imported here.
     """
     from symlib import checkpoints
-    from symlib.posteriors import io
 
     params, man = checkpoints.load(path, device=device)
     recipe = store.architecture(man, str(path))
     if recipe is None:
         raise CheckpointError(f"{path}: its manifest records no architecture to rebuild the networks from")
-    return io.networks(params, recipe, str(path))
+    return build.networks(params, recipe, str(path))

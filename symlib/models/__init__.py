@@ -6,7 +6,9 @@ network from a manifest (book: chapters "A gentle example", "Min-mass", "Checkpo
 * :mod:`~symlib.models.registry`: name -> network, its keyword arguments from a state dict's shapes, its
   input shape (:func:`register` adds one);
 * :mod:`~symlib.models.recipe`: the :class:`Recipe` every manifest records, which rebuilds the network of a
-  set of weights (a registered network, your own factory, a Hugging Face or timm model).
+  set of weights (a registered network, your own factory, a Hugging Face or timm model);
+* :mod:`~symlib.models.build`: the networks of a stacked set of weights, one ``nn.Module`` each, and the
+  ``"model"`` record manifests keep of a registered network.
 """
 
 from symlib.models.nets import (

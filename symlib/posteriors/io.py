@@ -1,19 +1,18 @@
-r"""Posterior sample sets on disk, in the zoo format (book: chapter "Table 1").
+r"""Posterior sample sets on disk (book: chapter "Table 1").
 
-A sample set is stored in the format of checkpoint zoos (:mod:`symlib.store`), so that
-``symlib.load(path)`` returns ``(params, manifest)`` for a posterior as for a zoo:
+A sample set is a stacked set (:mod:`symlib.store.sets`: chunk files of ``n_modes * n_per_mode`` samples
+stacked along a new first axis, mode-major, and a ``manifest.json`` with the set's core fields, written
+atomically and resumed), so that ``symlib.load(path)`` returns ``(params, manifest)`` for a posterior as
+for a zoo. This module adds what is particular to posteriors:
 
-* ``chunk-00000.safetensors``, ...: ``chunk`` consecutive samples per file, every tensor stacked along
-  a new first axis (mode-major: samples ``i * n_per_mode ...`` come from mode ``i``), the file's metadata
-  holding the format, the set's identity hash, the chunk index, the (mode, index) of every sample and the
-  sha256 of its tensors (:func:`symlib.store.tensor_digest`);
-* ``manifest.json``: ``"kind": "posterior"``, the method and its hyper-parameters, the base models it
-  started from (seeds, and the folder they are cached in), ``n_modes``, ``n_per_mode``, the diagnostics,
-  the training problem (preset, scale, architecture, recipe, prior precision, data fingerprint), the
-  tensor names and shapes of one sample, the chunks, and whether the set is complete.
-
-Every file is written to a temporary name and renamed, so an interrupted write leaves complete files
-only, and :func:`save` skips the chunks that are already on disk and valid (resuming).
+* the manifest's fields of a posterior: the method's hyper-parameters (``"hyper"``), the base models it
+  started from (``"base"``: seeds, and the folder they are cached in), the diagnostics, the run's seed, the
+  training problem (``"setup"``: preset, scale, architecture, recipe, prior precision, data fingerprint;
+  :func:`setup_record`) and the network it implies (``"arch"``, ``"model"``, ``"architecture"``);
+* the set's identity (:func:`identity`: the sha256 of what determines the samples), so that :func:`save`
+  resumes a partial write of the same set and refuses another;
+* the checks of a manifest's architecture against its tensors and training problem (:func:`check_model`)
+  and the summary :func:`info`.
 """
 
 from __future__ import annotations
@@ -28,17 +27,19 @@ from typing import Any
 import torch
 
 from symlib import models as _models
-from symlib import scales as _scales
 from symlib import store
+from symlib.models.build import model_spec, networks
 from symlib.params import Params
 from symlib.posteriors.base import SampleSet, Setup
-from symlib.store import FORMAT, MANIFEST, StoreError, chunk_name, jsonable
+from symlib.store import MANIFEST, StoreError, jsonable
+from symlib.store import sets as _sets
+from symlib.store.sets import KIND
 
-KIND = "posterior"
 REPAIR = (
     "rerun `symlib posterior sample` with the same arguments (`--out` this folder): it rewrites exactly "
     "the damaged chunks"
 )
+_FINISH = "rerunning `symlib posterior sample` with the same arguments"
 
 __all__ = [
     "KIND",
@@ -57,16 +58,6 @@ __all__ = [
     "save",
     "setup_record",
 ]
-
-
-def model_spec(arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The :mod:`symlib.models` class and its keyword arguments that rebuild a network of the registered
-    architecture ``arch`` with these state-dict ``shapes`` (:mod:`symlib.models.registry`); ``{"class":
-    None}`` for an architecture outside the registry."""
-    net = _models.REGISTRY.get(arch)
-    if net is None:
-        return {"class": None, "kwargs": {}}
-    return {"class": net.factory.__name__, "kwargs": net.args_of(shapes)}
 
 
 def architecture(arch: str | None, shapes: dict[str, tuple[int, ...]],
@@ -130,60 +121,21 @@ def identity(
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """The manifest of a posterior sample set, checked to be one and to hold the fields every reader uses
-    (:class:`symlib.store.StoreError` naming the field otherwise)."""
-    man = store.read_manifest(path, KIND, f"produce the set with `symlib posterior sample --out {path}`")
-    _check_fields(Path(path) / MANIFEST, man)
-    return man
+    (``symlib.store.sets.read_manifest``: :class:`symlib.store.StoreError` naming the field otherwise)."""
+    return _sets.read_manifest(path, f"produce the set with `symlib posterior sample --out {path}`")
 
 
-#: The fields of a sample set's manifest that readers use, and the type of each.
-FIELDS = {"method": str, "set_hash": str, "n_modes": int, "n_per_mode": int, "n_samples": int, "chunk": int,
-          "chunks": list}
-
-
-def _check_fields(file: Path, man: dict[str, Any]) -> None:
-    fix = ("the manifest was edited or damaged: restore it, or rerun the command that wrote the set with "
-           "the same arguments to rewrite it")
-    for key, kind in FIELDS.items():
-        value = man.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            got = "missing" if key not in man else f"{type(value).__name__} {value!r}"[:80]
-            raise StoreError(f"{file}: field {key!r} should be a {kind.__name__}, is {got}; {fix}")
-    if man["chunk"] < 1 or man["n_samples"] < 1:
-        raise StoreError(f"{file}: 'chunk' and 'n_samples' must be positive, are {man['chunk']} and "
-                         f"{man['n_samples']}; {fix}")
-    for ch in man["chunks"]:
-        good = isinstance(ch, dict) and isinstance(ch.get("chunk"), int) and isinstance(ch.get("file"), str)
-        if not good:
-            raise StoreError(f"{file}: a record of 'chunks' is {str(ch)[:80]}, not {{'chunk': int, 'file': "
-                             f"str, ...}}; {fix}")
-
-
-def _chunks(n: int, chunk: int) -> list[tuple[int, int]]:
-    return [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
-
-
-def _manifest(
+def _fields(
     samples: SampleSet,
-    set_hash: str,
-    chunk: int,
-    done: list[int],
-    shapes: dict[str, list[int]],
-    dtypes: dict[str, str],
+    shapes: dict[str, tuple[int, ...]],
     setup: dict[str, Any] | None,
     base: dict[str, Any] | None,
     seed: int | None,
 ) -> dict[str, Any]:
-    ranges = _chunks(samples.n_samples, chunk)
+    """The fields a posterior adds to the manifest of its stacked set (module docstring)."""
     arch = (setup or {}).get("arch")
+    recipe = architecture(arch, shapes, setup)
     return {
-        "format": FORMAT,
-        "kind": KIND,
-        "method": samples.method,
-        "set_hash": set_hash,
-        "n_modes": samples.n_modes,
-        "n_per_mode": samples.n_per_mode,
-        "n_samples": samples.n_samples,
         "seed": seed,
         "hyper": jsonable(samples.hyper),
         "base": jsonable({"seeds": list(samples.base_seeds), **(base or {})}),
@@ -191,23 +143,9 @@ def _manifest(
         "setup": setup,
         "arch": arch,
         "data": (setup or {}).get("data"),
-        "model": model_spec(arch, {k: tuple(v) for k, v in shapes.items()}) if arch else None,
-        "architecture": _record(architecture(arch, {k: tuple(v) for k, v in shapes.items()}, setup)),
-        "shapes": shapes,
-        "dtypes": dtypes,
-        "chunk": chunk,
-        "chunks": [
-            {"chunk": c, "file": chunk_name(c), "start": s, "stop": e}
-            for c, (s, e) in enumerate(ranges)
-            if c in done
-        ],
-        "complete": sorted(done) == list(range(len(ranges))),
-        **store.provenance(),
+        "model": model_spec(arch, shapes) if arch else None,
+        "architecture": recipe.record() if recipe is not None else None,
     }
-
-
-def _record(recipe: _models.Recipe | None) -> dict[str, Any] | None:
-    return recipe.record() if recipe is not None else None
 
 
 def save(
@@ -220,7 +158,8 @@ def save(
     chunk: int | None = None,
     key: str | None = None,
 ) -> dict[str, Any]:
-    """Write a sample set into ``out_dir`` (created if needed), resuming a partial write.
+    """Write a sample set into ``out_dir`` (created if needed), resuming a partial write
+    (``symlib.store.sets.write``).
 
     Chunks already on disk that belong to this set (same identity hash) and pass :func:`read_chunk` are
     kept; the others are written atomically, the manifest is rewritten after every chunk.
@@ -245,16 +184,6 @@ def save(
             set, chunks of another set or a zoo (checked before anything is written).
         ValueError: the samples hold NaN or infinite weights (nothing is written, no folder created).
     """
-    out = Path(out_dir)
-    for k, v in samples.params.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            bad = (~torch.isfinite(v)).reshape(v.shape[0], -1).any(1).nonzero().flatten().tolist()
-            raise ValueError(
-                f"sample set {samples.method}: tensor {k!r} holds NaN or infinite values (samples "
-                f"{bad[:10]}{'...' if len(bad) > 10 else ''}); not saved, nothing written: the method "
-                f"diverged, lower its step size or learning rate"
-            )
-    chunk = samples.n_per_mode if chunk is None else _scales.check_int("chunk", chunk, 1)
     srec = setup_record(setup) if setup is not None else None
     set_hash = key or identity(
         samples.method,
@@ -265,98 +194,35 @@ def save(
         {"seeds": list(samples.base_seeds)},
         seed,
     )
-    check_out(out, set_hash, samples.method, samples.n_modes, samples.n_per_mode)
-    out.mkdir(parents=True, exist_ok=True)
-    store.remove_stale(out)
-    shapes = {k: list(v.shape[1:]) for k, v in samples.params.items()}
-    dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in samples.params.items()}
-    ranges = _chunks(samples.n_samples, chunk)
-    done: list[int] = []
-    for c, (s, e) in enumerate(ranges):
-        file = out / chunk_name(c)
-        if file.exists():
-            try:
-                _read_chunk_file(file, set_hash, shapes, s, e)
-                done.append(c)
-                continue
-            except StoreError:
-                pass  # damaged, or of this set but chunked otherwise (check_out refused other sets'): rewrite
-
-    def write() -> None:
-        store.write_manifest(out, _manifest(samples, set_hash, chunk, done, shapes, dtypes, srec, base, seed))
-
-    write()
-    modes = samples.modes
-    for c, (s, e) in enumerate(ranges):
-        if c in done:
-            continue
-        recs = [{"index": i, "mode": int(modes[i])} for i in range(s, e)]
-        meta = {
-            "format": FORMAT,
-            "kind": KIND,
-            "set_hash": set_hash,
-            "chunk": str(c),
-            "samples": json.dumps(recs),
-        }
-        store.atomic_save({k: v[s:e] for k, v in samples.params.items()}, out / chunk_name(c), meta)
-        done.append(c)
-        write()
-    return read_manifest(out)
+    shapes = {k: tuple(v.shape[1:]) for k, v in samples.params.items()}
+    return _sets.write(
+        samples.params, out_dir, method=samples.method, set_hash=set_hash, n_modes=samples.n_modes,
+        n_per_mode=samples.n_per_mode, chunk=chunk, fields=_fields(samples, shapes, srec, base, seed),
+        fix="the method diverged, lower its step size or learning rate",
+    )
 
 
 def check_out(out: Path, set_hash: str, method: str, n_modes: int, n_per_mode: int) -> None:
     """Check, before any work, that ``out`` can receive the sample set ``set_hash``
-    (:func:`symlib.store.check_out`): not a file, not under a file, writable, not holding a zoo, another
+    (``symlib.store.sets.check_out``): not a file, not under a file, writable, not holding a zoo, another
     sample set or chunks of one. A damaged manifest is accepted: every chunk is then checked and the
     manifest rewritten."""
-    old, _ = store.check_out(out, KIND)
-    if old is not None and old.get("set_hash") != set_hash:
-        raise StoreError(
-            f"{out / MANIFEST}: this folder holds another sample set ({old.get('method')}, "
-            f"{old.get('n_modes')} x {old.get('n_per_mode')}, hash {old.get('set_hash')}), "
-            f"not this one ({method}, {n_modes} x {n_per_mode}, {set_hash}); choose another --out"
-        )
-    store.check_owners(out, "set_hash", set_hash, "sample set")
-
-
-def _read_chunk_file(
-    path: Path, set_hash: str, shapes: dict[str, list[int]], start: int, stop: int,
-    n_per_mode: int | None = None,
-) -> Params:
-    expect = {"kind": KIND, "set_hash": set_hash}
-    tensors, meta = store.read_chunk(path, expect, REPAIR, legacy=store.LEGACY[KIND])
-    store.sample_records(path, meta, start, stop, n_per_mode, REPAIR)
-    store.check_tensors(path, tensors, shapes, stop - start, "the manifest's tensors", fix=REPAIR)
-    return tensors
+    _sets.check_out(out, set_hash, method, n_modes, n_per_mode)
 
 
 def read_chunk(path: str | os.PathLike, manifest: dict[str, Any], c: int) -> Params:
     """Read and check chunk ``c`` of the sample set described by ``manifest`` (format, identity hash,
-    checksum, sample indices, tensor names and shapes, finiteness)."""
-    start, stop = _chunks(manifest["n_samples"], manifest["chunk"])[c]
-    return _read_chunk_file(
-        Path(path) / chunk_name(c), manifest["set_hash"], manifest["shapes"], start, stop,
-        manifest.get("n_per_mode"),
-    )
+    checksum, sample indices, tensor names and shapes, finiteness; ``symlib.store.sets.read_chunk``)."""
+    return _sets.read_chunk(path, manifest, c, REPAIR)
 
 
 def load_params(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Params, dict[str, Any]]:
     """The stacked samples ``{name: (S, ...)}`` of a complete set and its manifest (what
-    ``symlib.zoo.load`` returns for a posterior set)."""
-    path = Path(path)
+    ``symlib.zoo.load`` returns for a posterior set), its architecture checked first
+    (:func:`check_model`)."""
     man = read_manifest(path)
     check_model(path, man)
-    n_chunks = len(_chunks(man["n_samples"], man["chunk"]))
-    have = sorted(ch["chunk"] for ch in man["chunks"])
-    if not man.get("complete") or have != list(range(n_chunks)):
-        missing = sorted(set(range(n_chunks)) - set(have))
-        raise StoreError(
-            f"{path / MANIFEST}: sample set is incomplete (chunks {missing} missing); finish it by rerunning "
-            f"`symlib posterior sample` with the same arguments"
-        )
-    parts = [read_chunk(path, man, c) for c in range(n_chunks)]
-    dev = _scales.check_device(device)
-    return {k: torch.cat([p[k] for p in parts]).to(dev) for k in parts[0]}, man
+    return _sets.load_params(path, device, manifest=man, fix=REPAIR, finish=_FINISH)
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> SampleSet:
@@ -433,36 +299,6 @@ def models(params: Params, manifest: dict[str, Any], where: str | os.PathLike = 
     return networks(params, recipe, str(where))
 
 
-def networks(params: Params, recipe: _models.Recipe, where: str = "") -> list[torch.nn.Module]:
-    """One eval-mode ``nn.Module`` per network of a stacked set, built by ``recipe`` in the set's precision
-    and device and loaded with its weights, in the set's order.
-
-    Raises:
-        StoreError: the weights do not fit the recipe's network (an edited or damaged manifest).
-    """
-    out = []
-    n = next(iter(params.values())).shape[0]
-    dev = next(iter(params.values())).device
-    dtype = next(v.dtype for v in params.values() if v.is_floating_point())
-    for i in range(n):
-        m = recipe.build(meta=True)  # shapes only; built for real when a buffer is not in the set (the
-        if any(k not in params for k, _ in m.named_buffers()):  # constructor computes it: position ids)
-            m = recipe.build()
-        real = not any(t.is_meta for t in m.state_dict().values())
-        m = m.to(dev, dtype) if real else m.to_empty(device=dev).to(dtype)  # the set's precision
-        missing, unexpected = m.load_state_dict({k: v[i] for k, v in params.items()}, strict=False)
-        names = {k for k, _ in m.named_parameters()}
-        gaps = [k for k in missing if not real or k in names]
-        if gaps or unexpected:
-            raise StoreError(
-                f"{where}: network {i} does not fit the manifest's architecture {recipe.describe()} (missing "
-                f"{gaps[:3]}, unexpected {unexpected[:3]}); the manifest was edited or damaged: "
-                f"restore it, or rerun the command that wrote the folder"
-            )
-        out.append(m.eval())
-    return out
-
-
 def is_posterior(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a posterior sample set (its manifest says ``"kind": "posterior"``)."""
     return store.kind_of(path) == KIND
@@ -472,7 +308,7 @@ def info(path: str | os.PathLike) -> str:
     """A human-readable summary of a sample set directory (also of an incomplete one)."""
     path = Path(path)
     man = read_manifest(path)
-    n_chunks = len(_chunks(man["n_samples"], man["chunk"]))
+    n_chunks = len(_sets.ranges(man["n_samples"], man["chunk"]))
     st = man.get("setup") or {}
     lines = [
         f"posterior {path}: {man['method']} on {st.get('name') or '?'} at scale {st.get('scale')} "

@@ -26,13 +26,18 @@ Chunks written before headers carried their own sha256 (the same format, ``symli
 their header must hold exactly the entries those versions wrote, and the readers compare its records
 with the manifest's.
 
-:mod:`symlib.zoo` and :mod:`symlib.posteriors.io` add what their manifests record;
+:mod:`symlib.zoo` adds what a zoo's manifest records; :mod:`symlib.store.sets` is the format of stacked
+sets (``"kind": "posterior"``), which :mod:`symlib.posteriors.io` (posterior samples) and
+:mod:`symlib.ckpt.convert` (imported and canonical checkpoints) write with their own manifest fields;
 :func:`symlib.load` and :func:`symlib.info` read either kind (:func:`kind_of`).
 
 The package splits the format by concept: :mod:`~symlib.store.files` (atomic writes, manifests,
-provenance, the errors), :mod:`~symlib.store.chunks` (chunk files: headers, digests, checks) and
-:mod:`~symlib.store.folders` (an output folder checked before any work), :mod:`~symlib.store.architecture`
-(the network a manifest records, :func:`architecture`); every name is re-exported here.
+provenance, the errors), :mod:`~symlib.store.chunks` (chunk files: headers, digests, checks),
+:mod:`~symlib.store.folders` (an output folder checked before any work) and
+:mod:`~symlib.store.architecture` (the network a manifest records, :func:`architecture`), whose names are
+all re-exported here, and :mod:`~symlib.store.sets` (a set of networks stacked along a first axis:
+writing with resumption, reading, checking), used as ``store.sets`` (its names would clash with the
+chunk-level ones).
 """
 
 from symlib.store.architecture import adapt, architecture

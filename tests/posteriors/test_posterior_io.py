@@ -12,6 +12,7 @@ import symlib
 from symlib import cli, store, zoo
 from symlib import params as params_mod
 from symlib.posteriors import SampleSet, io, sampling, seeds
+from symlib.store import sets
 
 
 def _set(n_modes=2, n_per_mode=3, seed=0, dtype=torch.float64) -> SampleSet:
@@ -74,8 +75,8 @@ def test_resume_rewrites_only_missing_or_damaged_chunks(tmp_path, monkeypatch):
     with pytest.raises(zoo.ZooError, match="chunk-00001.*missing"):
         io.load(tmp_path)
     written = []
-    real = store.atomic_save
-    monkeypatch.setattr(store, "atomic_save", lambda t, p, m: (written.append(p.name), real(t, p, m)))
+    real = sets.atomic_save
+    monkeypatch.setattr(sets, "atomic_save", lambda t, p, m: (written.append(p.name), real(t, p, m)))
     io.save(a, tmp_path, chunk=2)
     assert written == ["chunk-00001.safetensors", "chunk-00002.safetensors"]
     b = io.load(tmp_path)
@@ -84,17 +85,17 @@ def test_resume_rewrites_only_missing_or_damaged_chunks(tmp_path, monkeypatch):
 
 def test_interrupted_write_then_incomplete_then_resumed(tmp_path, monkeypatch):
     a = _set()
-    real = store.atomic_save
+    real = sets.atomic_save
 
     def killed_after_first(t, p, m):
         if p.name != "chunk-00000.safetensors":
             raise KeyboardInterrupt
         real(t, p, m)
 
-    monkeypatch.setattr(store, "atomic_save", killed_after_first)
+    monkeypatch.setattr(sets, "atomic_save", killed_after_first)
     with pytest.raises(KeyboardInterrupt):
         io.save(a, tmp_path)
-    monkeypatch.setattr(store, "atomic_save", real)
+    monkeypatch.setattr(sets, "atomic_save", real)
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert not man["complete"] and [c["chunk"] for c in man["chunks"]] == [0]
     assert not list(tmp_path.glob(".*.tmp"))  # atomic: no partial file left behind
@@ -263,8 +264,8 @@ def test_corrupt_manifest_is_rebuilt_from_the_valid_chunks(tmp_path, monkeypatch
     with pytest.raises(store.StoreError, match="corrupt manifest.*chunk files beside it may still be valid"):
         symlib.load(tmp_path)
     written = []
-    real = store.atomic_save
-    monkeypatch.setattr(store, "atomic_save", lambda t, p, m: (written.append(p.name), real(t, p, m)))
+    real = sets.atomic_save
+    monkeypatch.setattr(sets, "atomic_save", lambda t, p, m: (written.append(p.name), real(t, p, m)))
     man = io.save(a, tmp_path)
     assert written == [] and man["complete"]
     assert all(torch.equal(a.params[k], v) for k, v in symlib.load(tmp_path)[0].items())

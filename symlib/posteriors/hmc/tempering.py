@@ -37,7 +37,7 @@ from symlib import progress as _progress
 from symlib import scales as _scales
 from symlib.posteriors.hmc.metric import Identity, Metric
 from symlib.posteriors.hmc.potentials import Potential, check_precision
-from symlib.posteriors.hmc.sampler import DualAveraging, initial_step_size, jittered, transition
+from symlib.posteriors.hmc.sampler import DualAveraging, Step, initial_step_size, jittered, transition
 
 __all__ = ["TemperedResult", "geometric_ladder", "run_tempered"]
 
@@ -212,6 +212,153 @@ class _Exchange:
         self.direction[hot] = torch.where(self.direction[hot] == 1, 2, self.direction[hot])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The run's settings, checked (:func:`run_tempered`'s arguments): the ladder ``betas`` ``(K,)``, the
+    prior precision ``lam``, the counts, the step-size adaptation's target and the jitter after it, and the
+    mass matrix."""
+
+    betas: torch.Tensor
+    lam: float
+    n_warmup: int
+    n_samples: int
+    n_leapfrog: int
+    thin: int
+    target_accept: float
+    jitter: float
+    metric: Metric
+
+    @classmethod
+    def of(cls, prior_precision: float, betas: torch.Tensor, n_warmup: int, n_samples: int, n_leapfrog: int,
+           thin: int, target_accept: float, jitter: float, metric: Metric | None) -> _Settings:
+        """The settings once every argument is checked (a ``ValueError`` naming the first bad one)."""
+        lam = check_precision(prior_precision)
+        betas = _checked_ladder(betas, n_warmup, n_samples, n_leapfrog, thin)
+        return cls(betas, lam, n_warmup, n_samples, n_leapfrog, thin, target_accept, jitter,
+                   metric or Identity())
+
+    @property
+    def k(self) -> int:
+        """``K``, the number of temperatures."""
+        return self.betas.shape[0]
+
+    @property
+    def total(self) -> int:
+        """Rounds of the run: warm-up, then ``thin`` rounds per kept state."""
+        return self.n_warmup + self.n_samples * self.thin
+
+
+@dataclasses.dataclass
+class _State:
+    r"""Every replica after a round, as ``(K C, ...)`` rows (row ``k * C + c``: temperature ``k`` of chain
+    ``c``): the states ``theta``, their tempered potential ``u`` and its gradient ``g``, their likelihood
+    ``nll`` (:math:`L`) and its gradient ``gl``, and the step sizes ``eps``."""
+
+    theta: torch.Tensor
+    u: torch.Tensor
+    g: torch.Tensor
+    nll: torch.Tensor
+    gl: torch.Tensor
+    eps: torch.Tensor
+
+
+def _init(cfg: _Settings, potential: _Tempered, theta: torch.Tensor,
+          gen: torch.Generator) -> tuple[_State, DualAveraging]:
+    """The state of the replicas at ``theta`` (one call of the likelihood), with the initial step sizes
+    (:func:`~symlib.posteriors.hmc.sampler.initial_step_size`) and their dual-averaging adaptation.
+
+    Raises:
+        FloatingPointError: the potential or its gradient is not finite at the initial states.
+    """
+    u, g = potential(theta)
+    nll, gl = potential.nll, potential.grad
+    if not bool(torch.isfinite(u).all() & torch.isfinite(g).all()):
+        raise FloatingPointError("non-finite potential or gradient at the initial states")
+    eps = initial_step_size(theta, u, g, potential, gen, cfg.metric)
+    return _State(theta, u, g, nll, gl, eps), DualAveraging(eps, cfg.target_accept)
+
+
+def _update(it: int, state: _State, cfg: _Settings, potential: _Tempered, adapt: DualAveraging,
+            ex: _Exchange, gen: torch.Generator) -> tuple[_State, Step]:
+    """Round ``it``: one HMC trajectory per replica at its own temperature (step sizes adapted during
+    warm-up, fixed and jittered after it), then the exchanges between neighbouring temperatures
+    (:meth:`_Exchange.swap`, and :meth:`_Exchange.travel` after warm-up). Returns the new state and the
+    trajectories' transition (acceptance probabilities, divergences)."""
+    warm = it < cfg.n_warmup
+    eps = state.eps
+    if it == cfg.n_warmup and cfg.n_warmup:
+        eps = adapt.final.to(state.theta.dtype)
+    e = eps if warm else jittered(eps, cfg.jitter, gen)
+    st = transition(state.theta, state.u, state.g, e, cfg.n_leapfrog, potential, gen, cfg.metric,
+                    where=str(it))
+    nll = torch.where(st.accepted, potential.nll, state.nll)
+    gl = torch.where(st.accepted[:, None], potential.grad, state.gl)
+    theta = st.theta
+    if warm:
+        eps = adapt.update(st.accept_prob).to(theta.dtype)
+    if cfg.k > 1:  # swaps between neighbouring temperatures, even pairs then odd pairs
+        ex.swap(it, theta, nll, gl, gen, warm)
+    u, g = potential.tempered(theta, nll, gl)
+    if not warm and cfg.k > 1:
+        ex.travel()
+    return _State(theta, u, g, nll, gl, eps), st
+
+
+@dataclasses.dataclass
+class _Trace:
+    """What a run keeps after warm-up: every ``thin``-th state of the coldest replicas (``draws`` ``(C, S,
+    D)``, their potential ``pots`` and likelihood ``nlls`` ``(C, S)``), and per replica the summed HMC
+    acceptance probability ``acc`` and the divergences ``div`` ``(K C,)``."""
+
+    draws: torch.Tensor
+    pots: torch.Tensor
+    nlls: torch.Tensor
+    acc: torch.Tensor
+    div: torch.Tensor
+
+    @classmethod
+    def empty(cls, cfg: _Settings, c: int, theta: torch.Tensor) -> _Trace:
+        """Nothing kept yet, for ``C = c`` chains of states like ``theta``."""
+        dim, dt, dev = theta.shape[1], theta.dtype, theta.device
+        return cls(torch.empty(c, cfg.n_samples, dim, dtype=dt, device=dev),
+                   torch.empty(c, cfg.n_samples, dtype=dt, device=dev),
+                   torch.empty(c, cfg.n_samples, dtype=dt, device=dev),
+                   torch.zeros(cfg.k * c, dtype=torch.float64), torch.zeros(cfg.k * c, dtype=torch.int64))
+
+    def record(self, it: int, cfg: _Settings, state: _State, st: Step) -> None:
+        """Keep round ``it`` (nothing during warm-up): its trajectories' acceptance and divergences, and the
+        coldest replicas' states on every ``thin``-th round."""
+        if it < cfg.n_warmup:
+            return
+        self.acc += st.accept_prob.cpu()
+        self.div += st.divergent.long().cpu()
+        j, r = divmod(it - cfg.n_warmup, cfg.thin)
+        if r == cfg.thin - 1:
+            c = self.draws.shape[0]
+            self.draws[:, j], self.nlls[:, j], self.pots[:, j] = state.theta[:c], state.nll[:c], state.u[:c]
+
+    def result(self, cfg: _Settings, ex: _Exchange, state: _State, n_grad: int,
+               seconds: float) -> TemperedResult:
+        """The run's :class:`TemperedResult`: the kept states, and the rates averaged over the rounds after
+        warm-up."""
+        k, c = cfg.k, self.draws.shape[0]
+        n_after = max(cfg.total - cfg.n_warmup, 1)
+        return TemperedResult(
+            draws=self.draws,
+            potential=self.pots,
+            nll=self.nlls,
+            betas=cfg.betas,
+            swap_accept=ex.swaps / ex.tries.clamp_min(1),
+            round_trips=ex.trips,
+            accept_prob=(self.acc / n_after).view(k, c),
+            step_size=state.eps.cpu().view(k, c),
+            divergences=self.div.view(k, c),
+            n_leapfrog=cfg.n_leapfrog,
+            n_grad=n_grad,
+            seconds=seconds,
+        )
+
+
 def run_tempered(
     likelihood: Potential,
     prior_precision: float,
@@ -243,66 +390,20 @@ def run_tempered(
         metric: a mass matrix shared by every replica (default the identity).
         progress: show a progress bar.
     """
-    lam = check_precision(prior_precision)
-    betas = _checked_ladder(betas, n_warmup, n_samples, n_leapfrog, thin)
-    metric = metric or Identity()
-    k = betas.shape[0]
-    theta, c = _replicas(theta0, k)
-    dim, dt, dev = theta.shape[1], theta.dtype, theta.device
-    potential = _Tempered(likelihood, betas.to(dt).to(dev).repeat_interleave(c), lam)
+    cfg = _Settings.of(prior_precision, betas, n_warmup, n_samples, n_leapfrog, thin, target_accept, jitter,
+                       metric)
+    theta, c = _replicas(theta0, cfg.k)
+    beta_row = cfg.betas.to(theta.dtype).to(theta.device).repeat_interleave(c)
+    potential = _Tempered(likelihood, beta_row, cfg.lam)
     gen = torch.Generator().manual_seed(int(seed))
     t0 = time.perf_counter()
-    u, g = potential(theta)
-    nll, gl = potential.nll, potential.grad
-    if not bool(torch.isfinite(u).all() & torch.isfinite(g).all()):
-        raise FloatingPointError("non-finite potential or gradient at the initial states")
-    eps = initial_step_size(theta, u, g, potential, gen, metric)
-    adapt = DualAveraging(eps, target_accept)
-    total = n_warmup + n_samples * thin
-    draws = torch.empty(c, n_samples, dim, dtype=dt, device=dev)
-    pots = torch.empty(c, n_samples, dtype=dt, device=dev)
-    nlls = torch.empty(c, n_samples, dtype=dt, device=dev)
-    acc = torch.zeros(k * c, dtype=torch.float64)
-    div = torch.zeros(k * c, dtype=torch.int64)
-    ex = _Exchange.start(betas, c, dt, dev)
-    bar = _progress.bar(total, "replica exchange", enabled=progress)
-    for it in range(total):
-        warm = it < n_warmup
-        if it == n_warmup and n_warmup:
-            eps = adapt.final.to(dt)
-        e = eps if warm else jittered(eps, jitter, gen)
-        st = transition(theta, u, g, e, n_leapfrog, potential, gen, metric, where=str(it))
-        nll = torch.where(st.accepted, potential.nll, nll)
-        gl = torch.where(st.accepted[:, None], potential.grad, gl)
-        theta = st.theta
-        if warm:
-            eps = adapt.update(st.accept_prob).to(dt)
-        else:
-            acc += st.accept_prob.cpu()
-            div += st.divergent.long().cpu()
-        if k > 1:  # swaps between neighbouring temperatures, even pairs then odd pairs
-            ex.swap(it, theta, nll, gl, gen, warm)
-        u, g = potential.tempered(theta, nll, gl)
-        if not warm:
-            if k > 1:
-                ex.travel()
-            j, r = divmod(it - n_warmup, thin)
-            if r == thin - 1:
-                draws[:, j], nlls[:, j], pots[:, j] = theta[:c], nll[:c], u[:c]
+    state, adapt = _init(cfg, potential, theta, gen)
+    trace = _Trace.empty(cfg, c, theta)
+    ex = _Exchange.start(cfg.betas, c, theta.dtype, theta.device)
+    bar = _progress.bar(cfg.total, "replica exchange", enabled=progress)
+    for it in range(cfg.total):
+        state, st = _update(it, state, cfg, potential, adapt, ex, gen)
+        trace.record(it, cfg, state, st)
         bar.update(1)
     bar.close()
-    n_after = max(total - n_warmup, 1)
-    return TemperedResult(
-        draws=draws,
-        potential=pots,
-        nll=nlls,
-        betas=betas,
-        swap_accept=ex.swaps / ex.tries.clamp_min(1),
-        round_trips=ex.trips,
-        accept_prob=(acc / n_after).view(k, c),
-        step_size=eps.cpu().view(k, c),
-        divergences=div.view(k, c),
-        n_leapfrog=n_leapfrog,
-        n_grad=potential.calls,
-        seconds=time.perf_counter() - t0,
-    )
+    return trace.result(cfg, ex, state, potential.calls, time.perf_counter() - t0)
