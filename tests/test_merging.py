@@ -17,6 +17,7 @@ steps on the embedded MNIST digits from several seeds. What is checked:
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -116,21 +117,81 @@ def test_bad_inputs_are_refused(trained, digits):
     with pytest.raises(symlib.SymmetryError, match="stack of networks"):
         symlib.merge(a, symlib.params.stack([b, b]), spec)
 
-    class Grouped(nn.Module):  # the hidden label of a grouped convolution has blocks
+    class Custom(nn.Module):  # a hidden layer written through F.linear: no module output to record
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(1, 4, 3)
-            self.conv2 = nn.Conv2d(4, 4, 3, groups=2)
-            self.head = nn.Linear(4, 10)
+            self.w = nn.Parameter(torch.randn(8, 784) / 28)
+            self.head = nn.Linear(8, 10)
 
         def forward(self, x):
-            return self.head(torch.relu(self.conv2(torch.relu(self.conv1(x)))).mean((2, 3)))
+            return self.head(torch.relu(F.linear(x.flatten(1), self.w)))
 
-    net = Grouped()
-    gspec = symlib.spec_of(net, SHAPE)
+    net = Custom()
+    cspec = symlib.spec_of(net, SHAPE)
     theta = net.state_dict()
-    with pytest.raises(symlib.SymmetryError, match="block structure.*how='weights'"):
-        symlib.merge(theta, theta, gspec, how="activations", batch=digits.x[:8], model=net)
+    with pytest.raises(symlib.SymmetryError, match="no Linear.*how='weights'"):
+        symlib.merge(theta, theta, cspec, how="activations", batch=digits.x[:8], model=net)
+
+
+class Grouped(nn.Module):
+    """A grouped convolution between two plain ones: its hidden labels move in blocks (the groups)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3)
+        self.conv2 = nn.Conv2d(8, 8, 3, groups=2)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv2(torch.relu(self.conv1(x)))).mean((2, 3)))
+
+
+def _transformer(name: str):
+    """``(model, spec, batch)`` of a float64 attention model with random weights: the chapter's TinyViT
+    (``nn.MultiheadAttention``), and Hugging Face ViT (separate query, key, value), GPT-2 (fused ``Conv1D``
+    projections, tied embeddings) and Llama (rotary heads in two key-value groups) from their configs."""
+    torch.manual_seed(0)
+    if name == "grouped":
+        model = Grouped().double().eval()
+        return model, symlib.spec_of(model, SHAPE), torch.randn(16, *SHAPE, dtype=torch.float64)
+    if name == "tinyvit":
+        from symlib.paper.transformers import TinyViT
+
+        model = TinyViT().double().eval()
+        return model, symlib.spec_of(model, SHAPE), torch.randn(32, *SHAPE, dtype=torch.float64)
+    transformers = pytest.importorskip("transformers")
+    tokens = torch.randint(0, 50, (16, 8), generator=torch.Generator().manual_seed(1))
+    if name == "hf-vit":
+        cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, image_size=14, patch_size=7, num_channels=1,
+                                     num_labels=10)
+        model = transformers.ViTForImageClassification(cfg).double().eval()
+        return model, symlib.spec_of(model, (1, 14, 14)), torch.randn(16, 1, 14, 14, dtype=torch.float64)
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=16)
+        model = transformers.GPT2LMHeadModel(cfg).double().eval()
+    else:
+        cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=64, vocab_size=50,
+                                       max_position_embeddings=32)
+        model = transformers.LlamaForCausalLM(cfg).double().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model, symlib.spec_of(model, (8,), vocab=50), tokens
+
+
+@pytest.mark.parametrize("name", ["grouped", "tinyvit", "hf-vit", "gpt2", "llama"])
+def test_activation_matching_moves_heads_and_groups_as_blocks(name):
+    """Labels with blocks (attention heads, with rotary heads and grouped-query attention in Llama; the
+    groups of a grouped convolution): a copy permuted by a random element of the group, which moves
+    whole blocks and the features inside them, comes back exactly by activation matching."""
+    model, spec, x = _transformer(name)
+    assert spec.blocks
+    theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    moved = _permuted(theta, spec, seed=3)
+    assert _maxdiff(moved, theta) > 1e-2
+    back = symlib.merge(theta, moved, spec, how="activations", batch=x, model=model, t=1.0)
+    assert _maxdiff(back, theta) == 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -179,8 +240,6 @@ def test_weight_matching_lowers_the_barrier_of_independent_mlps(digits):
 
 
 def test_orthogonal_leaves_a_network_without_a_stream_alone(trained, digits):
-    pytest.importorskip("symlib.symmetry.stream", reason="symlib.symmetry.stream (align_stream) is not "
-                        "written yet; orthogonal=True needs it")
     model, spec, (a, b) = trained["mlp"]
     assert _maxdiff(symlib.merge(a, b, spec, orthogonal=True), symlib.merge(a, b, spec)) == 0
 
@@ -188,9 +247,9 @@ def test_orthogonal_leaves_a_network_without_a_stream_alone(trained, digits):
 def test_orthogonal_merges_a_transformer_with_a_rotated_copy_back():
     """A pre-norm transformer and a copy whose residual stream is rotated (the same function): the plain
     average mixes the two bases, ``orthogonal=True`` rotates the copy back first and returns the original."""
-    stream = pytest.importorskip("symlib.symmetry.stream", reason="symlib.symmetry.stream (align_stream) is "
-                                 "not written yet; orthogonal=True needs it")
     from transformer_nets import build
+
+    from symlib.symmetry import stream
 
     model, shape, _ = build("tv-vit", seed=0)
     spec = symlib.spec_of(model, shape)
@@ -293,10 +352,9 @@ def test_help(group, capsys):
 def test_orthogonal_also_turns_each_head_back():
     """A copy whose stream is rotated and whose every head is turned by an orthogonal matrix (queries and
     keys by one, values and outputs by another: the same function) merges back to the original."""
-    stream = pytest.importorskip("symlib.symmetry.stream")
     from transformer_nets import build
 
-    from symlib.symmetry import continuous
+    from symlib.symmetry import continuous, stream
 
     model, shape, _ = build("tv-vit", seed=0)
     spec = symlib.spec_of(model, shape)

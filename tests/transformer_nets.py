@@ -120,3 +120,35 @@ def build(name: str, seed: int = 0):
     else:
         raise ValueError(f"unknown transformer {name!r}; choose one of {NAMES}")
     return _randomize(model.double().eval(), seed), shape, vocab
+
+
+# ----------------------------------------------------------------------- helpers the transformer tests share
+DECIDED = 4 * 2.0**-24
+"""float32 neighbours whose sort keys are closer than this (relative) may swap under a group element."""
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def cast(theta: dict, dtype) -> dict:
+    """``theta`` with its floating tensors in ``dtype``."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in theta.items()}
+
+
+def max_diff(a: dict, b: dict, keys=None) -> float:
+    """The largest absolute difference between the floating tensors of ``a`` and ``b`` (over ``keys``)."""
+    return max(float((a[k].double() - b[k].double()).abs().max())
+               for k in (keys or a) if a[k].is_floating_point())
+
+
+def decided(canon: dict, theta: dict, spec, dtype) -> list[str]:
+    """The floating tensors of a canonical form whose order float32 rounding cannot flip: all in float64;
+    in float32, those no label with a sort-key margin below :data:`DECIDED` acts on."""
+    from symlib.symmetry import canonical
+
+    skip = set()
+    if dtype == torch.float32:
+        ambiguous = {k for k, m in canonical.margins(theta, spec).items() if float(m) < DECIDED}
+        skip = {a.param for a in spec.actions if a.perm in ambiguous}
+    return [k for k in canon if k not in skip and canon[k].is_floating_point()]

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from symlib.params import Params, unstack
-from symlib.symmetry import align, canonical, stream
+from symlib.params import Params, stack, unstack
+from symlib.symmetry import align, canonical, merge, stream
 from symlib.symmetry.spec import Spec
 
 __all__ = ["KINDS", "WAYS", "Block", "TinyViT", "barriers", "distances", "label_kinds", "probs", "removals",
@@ -33,10 +33,12 @@ WAYS: dict[str, dict] = {
     "none": {"align": "none"},
     "permutations": {"align": "weights"},
     "permutations + rotations": {"align": "weights", "orthogonal": True},
+    "activation matching": {"align": "activations"},
 }
 """The ways :func:`barriers` matches the second network of a pair to the first: not at all, by weight
-matching over every permutation label, and by weight matching then the rotations of the residual stream
-and of every attention head (:func:`symlib.merge` with ``orthogonal=True``)."""
+matching over every permutation label, by weight matching then the rotations of the residual stream
+and of every attention head (:func:`symlib.merge` with ``orthogonal=True``), and by activation matching
+on a batch of inputs (heads moved as blocks)."""
 
 
 class Block(nn.Module):
@@ -117,29 +119,35 @@ def removals(params: Params, spec: Spec, reference: Params, seed: int = 0) -> di
     without scalings, largest incoming weight, :func:`symlib.symmetry.canonical.canonicalize`), aligned
     to ``reference`` by weight matching over every label
     (:func:`symlib.symmetry.align.align_many`, the residual stream first) and, for a network with a
-    residual stream that only norms read, aligned then rotated onto ``reference`` (``"rotated"``:
-    :func:`symlib.symmetry.stream.align_stream`, the stream's orthogonal group)."""
+    residual stream that only norms read, aligned then rotated onto ``reference`` (``"rotated"``: the
+    stream's orthogonal group and one orthogonal matrix per attention head, in turn,
+    :func:`symlib.symmetry.merge.rotate_onto`)."""
     aligned = align.align_many(reference, params, spec, cost="weights", seed=seed, widest_first=True)[0]
     out = {"raw": dict(params), "sorted": canonical.canonicalize(params, spec, key="max", scaling=None),
            "aligned": aligned}
     if stream.stream_labels(spec):
-        out["rotated"] = stream.align_stream(reference, aligned, spec)
+        n = spec.batch_shape(aligned)[0]
+        out["rotated"] = stack([merge.rotate_onto(reference, unstack(aligned, i), spec) for i in range(n)])
     return out
 
 
 def barriers(set_a: Params, set_b: Params, spec: Spec, model: nn.Module, data, pairs: int,
-             ways: dict[str, dict] = WAYS, n_points: int = 11, seed: int = 0) -> pd.DataFrame:
+             ways: dict[str, dict] = WAYS, n_points: int = 11, seed: int = 0,
+             batch: torch.Tensor | None = None) -> pd.DataFrame:
     """The loss and accuracy along the straight path from network ``i`` of ``set_a`` to network ``i`` of
     ``set_b`` (``i < pairs``), after each way of matching ``b`` to ``a`` (:data:`WAYS`:
     :func:`symlib.stats.barrier.barrier`'s arguments), one row per pair, way and point ``t``, with the
-    pair's barriers (loss in nats, accuracy in points)."""
+    pair's barriers (loss in nats, accuracy in points). Activation matching records its features on
+    ``batch`` (default: the inputs of ``data``; pass training inputs to keep the evaluation data out of
+    the matching)."""
     from symlib.stats.barrier import barrier
 
     rows = []
     for i in range(pairs):
         a, b = unstack(set_a, i), unstack(set_b, i)
         for way, kwargs in ways.items():
-            r = barrier(a, b, model, data, spec=spec, n_points=n_points, seed=seed, **kwargs)
+            extra = {"batch": batch} if kwargs.get("align") == "activations" and batch is not None else {}
+            r = barrier(a, b, model, data, spec=spec, n_points=n_points, seed=seed, **kwargs, **extra)
             rows += [{"pair": i, "alignment": way, "t": t, "loss": lo, "accuracy": 100 * acc,
                       "loss barrier": r.loss_barrier, "accuracy barrier": 100 * r.accuracy_barrier}
                      for t, lo, acc in zip(r.t, r.loss, r.accuracy, strict=True)]

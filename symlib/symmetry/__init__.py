@@ -19,6 +19,6 @@ architectures). Submodules load on first access.
 
 from symlib._lazy import submodules
 
-__all__ = ["align", "canonical", "check", "continuous", "counting", "merge", "minmass", "ops", "spec",
-           "stream", "trace"]
+__all__ = ["align", "biases", "canonical", "check", "continuous", "counting", "merge", "minmass", "ops",
+           "spec", "stream", "trace"]
 __getattr__, __dir__ = submodules(__name__, __all__)

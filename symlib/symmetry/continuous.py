@@ -15,6 +15,15 @@ a key bias :math:`b_K` adds :math:`q^\top b_K` to every score of a query, a cons
 so :math:`b_K` is free; and a value bias passes through attention unchanged (the weights of a query sum
 to 1), so :math:`b_V \to b_V - \delta`, :math:`b_O \to b_O + W_O \delta` is a symmetry.
 
+Rotary embeddings (Llama, Mistral, Qwen2) leave of a query-key head's :math:`GL(d)` one rotation and one
+scale per pair :math:`(i, i + d/2)` of features (``symlib.symmetry.trace.heads`` derives it): a complex
+number :math:`z_i` on :math:`x_i + \mathrm{i}\,x_{i+d/2}`, :math:`z` on the query rows of every query head
+of a key-value group and :math:`1/\bar z` on the group's key rows, so that
+:math:`\overline{z q}\,(k/\bar z) = \bar q k` and every score :math:`\mathrm{Re}\sum_i \bar q_i
+e^{\mathrm{i}(n-m)\omega_i} k_i` is kept (multiplications by complex numbers commute). ``Spec.rotary``
+records it (:class:`~symlib.symmetry.spec.Rotary`), :math:`d` dimensions per key-value head. It holds no
+permutation of the heads (it acts inside each head), so the head permutations stay discrete.
+
 A :class:`~symlib.symmetry.spec.Spec` records these groups in ``Spec.continuous`` (traced by
 :func:`symlib.symmetry.trace.spec_of`): :func:`dims` counts them, :func:`act` and :func:`shift_biases`
 apply them, :func:`random_element` draws one, and :func:`align_heads` moves one network towards another
@@ -32,7 +41,7 @@ import torch
 from symlib.params import Params
 from symlib.symmetry.spec import Action, Spec, SymmetryError
 
-__all__ = ["act", "align_heads", "dims", "random_element", "random_shifts", "shift_biases"]
+__all__ = ["act", "align_heads", "dims", "random_element", "random_shifts", "rotate", "shift_biases"]
 
 
 def _blocks(spec: Spec, label: str) -> tuple[int, int]:
@@ -41,24 +50,33 @@ def _blocks(spec: Spec, label: str) -> tuple[int, int]:
 
 
 def dims(spec: Spec) -> dict[str, int]:
-    r"""Continuous dimensions per label of ``Spec.continuous``: :math:`G k^2` for :math:`G` blocks (heads)
-    of :math:`k` features (:math:`GL(k)` per head), plus the label's redundant biases."""
+    r"""Continuous dimensions per label: :math:`G k^2` for :math:`G` blocks (heads) of :math:`k` features
+    of a label of ``Spec.continuous`` (:math:`GL(k)` per head), plus the label's redundant biases, plus, for
+    the key heads label of a rotary group (``Spec.rotary``), :math:`d` per key-value head of :math:`d`
+    features."""
     out = {}
     for label, (_, extra) in spec.continuous.items():
         g, k = _blocks(spec, label)
         out[label] = g * k * k + extra
+    for label, r in spec.rotary.items():
+        out[label] = out.get(label, 0) + r.heads * r.per_head
     return out
 
 
 def random_element(spec: Spec, generator: torch.Generator | None = None, spread: float = 0.3,
                    dtype=torch.float64) -> dict[str, torch.Tensor]:
     r"""One random invertible matrix per head of every continuous label: :math:`\exp(s X / \sqrt{k})` with
-    :math:`X` standard normal, ``(G, k, k)`` per label (a matrix exponential is always invertible)."""
+    :math:`X` standard normal, ``(G, k, k)`` per label (a matrix exponential is always invertible); for a
+    rotary group, one complex number per pair and key-value head, :math:`\exp(s a + 2\pi s b\,\mathrm{i})`
+    with :math:`a, b` standard normal, ``(heads, d/2)`` complex (:func:`rotate`)."""
     out = {}
     for label in spec.continuous:
         g, k = _blocks(spec, label)
         x = torch.randn(g, k, k, generator=generator, dtype=torch.float64)
         out[label] = torch.linalg.matrix_exp(spread * x / math.sqrt(k)).to(dtype)
+    for label, r in spec.rotary.items():  # z = exp(a + i b): scale exp(a), angle b
+        x = torch.randn(2, r.heads, r.per_head // 2, generator=generator, dtype=torch.float64)
+        out[label] = torch.exp(torch.complex(spread * x[0], 2 * math.pi * spread * x[1]))
     return out
 
 
@@ -76,10 +94,16 @@ def _along(t: torch.Tensor, a: Action, spec: Spec, fn) -> torch.Tensor:
 
 def act(theta: Params, spec: Spec, mats: dict[str, torch.Tensor]) -> Params:
     r"""Apply one invertible matrix per head, ``mats[label]`` of shape ``(G, k, k)``: :math:`A` on the
-    label's power +1 side, :math:`A^{-\top}` on its power -1 side (module docstring). ``theta`` may carry
-    leading batch dimensions (one matrix per head for all networks)."""
+    label's power +1 side, :math:`A^{-\top}` on its power -1 side (module docstring); for the label of a
+    rotary group, complex numbers ``(heads, d/2)`` (:func:`rotate`). ``theta`` may carry leading batch
+    dimensions (one matrix per head for all networks)."""
     out = dict(theta)
+    rotary = {label: m for label, m in mats.items() if label in spec.rotary and m.is_complex()}
+    if rotary:
+        out = rotate(out, spec, rotary)
     for label, m in mats.items():
+        if label in rotary:
+            continue
         if label not in spec.continuous:
             raise SymmetryError(f"{label!r} carries no continuous group; those that do: "
                                 f"{list(spec.continuous)}")
@@ -94,6 +118,34 @@ def act(theta: Params, spec: Spec, mats: dict[str, torch.Tensor]) -> Params:
                 return y.movedim((-2, -1), (d, d + 1))
 
             out[a.param] = _along(out[a.param], a, spec, apply)
+    return out
+
+
+def rotate(theta: Params, spec: Spec, zs: dict[str, torch.Tensor]) -> Params:
+    r"""Apply rotary groups (``Spec.rotary``): ``zs[label]``, complex ``(heads, d/2)``, turns and scales the
+    pair :math:`(x_i, x_{i+d/2})` of the query rows of every query head of key-value group ``j`` as
+    :math:`x_i + \mathrm{i}\,x_{i+d/2} \to z_{j,i}(x_i + \mathrm{i}\,x_{i+d/2})`, and of the group's key
+    rows by :math:`1/\bar z_{j,i}` (:math:`A^{-\top}` of :math:`A = s R(\phi)`; module docstring), on the
+    weights' rows and the biases alike. ``theta`` may carry leading batch dimensions."""
+    out = dict(theta)
+    for label, z in zs.items():
+        r = spec.rotary.get(label)
+        if r is None:
+            raise SymmetryError(f"{label!r} carries no rotary group; those that do: {list(spec.rotary)}")
+        if tuple(z.shape) != (r.heads, r.per_head // 2) or not z.is_complex():
+            raise SymmetryError(f"the rotary group of {label!r} takes complex numbers of shape "
+                                f"({r.heads}, {r.per_head // 2}), got {tuple(z.shape)} {z.dtype}")
+        for rows, factor in ((r.queries, z), (r.keys, 1 / z.conj())):
+            for param, start, stop in rows:
+                t = out[param]
+                d = t.ndim - len(spec.shapes[param])
+                per = (stop - start) // (r.heads * r.per_head)  # query heads per key-value head
+                part = t.narrow(d, start, stop - start).movedim(d, -1)
+                x = part.unflatten(-1, (r.heads, per, 2, r.per_head // 2))
+                c = torch.complex(x[..., 0, :], x[..., 1, :]) * factor[:, None, :].to(
+                    torch.complex128 if t.dtype == torch.float64 else torch.complex64)
+                new = torch.stack((c.real, c.imag), -2).to(t.dtype).flatten(-4).movedim(-1, d)
+                out[param] = torch.cat((t.narrow(d, 0, start), new, t.narrow(d, stop, t.shape[d] - stop)), d)
     return out
 
 

@@ -25,7 +25,10 @@ dimensions, plus the redundant key and value biases. They are counted apart, as
 a subgroup of them, and so are per-feature scalings of the attention's features,
 which therefore are not scaling labels. A residual stream that only LayerNorms (RMSNorms) read
 also rotates (:mod:`symlib.symmetry.stream`): :math:`O(d-1)`, :math:`(d-1)(d-2)/2` dimensions
-(:math:`O(d)`, :math:`d(d-1)/2`), counted apart again, as ``stream_rotations``.
+(:math:`O(d)`, :math:`d(d-1)/2`), counted apart again, as ``stream_rotations``. Rotary heads keep
+:math:`d` dimensions per key-value head of :math:`GL(d)` (``Spec.rotary``, in ``continuous``), and biases
+outside attention add redundant directions (a class token against its position embedding, a LayerNorm's
+bias against its readers' biases: :mod:`symlib.symmetry.biases`), counted as ``bias_shifts``.
 """
 
 from __future__ import annotations
@@ -70,8 +73,14 @@ def _layers(spec: Spec, label: str) -> list[str]:
     return list(dict.fromkeys(p.rsplit(".", 1)[0] for p in _weights(spec, label)))
 
 
+def _components(blocks: int, k: int) -> float:
+    """log10 of the components of ``blocks`` orthogonal or general linear groups of ``k x k`` matrices,
+    each of which an odd permutation of its ``k`` features reaches: 2 per block when ``k >= 2``."""
+    return blocks * math.log10(2) if k >= 2 else 0.0
+
+
 def count(spec: Spec) -> list[dict]:
-    """Per-label symmetry counts.
+    r"""Per-label symmetry counts.
 
     Args:
         spec: the architecture's symmetries.
@@ -86,18 +95,29 @@ def count(spec: Spec) -> list[dict]:
         scaling labels reordered by this label) and ``continuous`` (dimensions of the label's
         continuous group, :func:`symlib.symmetry.continuous.dims`; 0 for most labels) and
         ``stream_rotations`` (dimensions of the rotations of a residual stream,
-        :func:`symlib.symmetry.stream.dims`; 0 for every other label), and ``discrete_log10``: log10 of
-        the permutations that lie in no continuous group, the ones that make isolated copies of a
-        network. A stream's permutations are rotations of it (a permutation matrix is orthogonal and
-        fixes the all-ones vector), and a head's permutations of its features are changes of basis of
-        the head (:math:`GL(d_k)`, :math:`GL(d_v)`): a continuous path joins each of them to the
-        identity through networks with the same function, so only the heads' order stays discrete.
+        :func:`symlib.symmetry.stream.dims`; 0 for every other label), ``bias_shifts`` (dimensions of the
+        redundant bias directions outside attention whose vectors carry this label,
+        :func:`symlib.symmetry.biases.dims`; a final row with label ``None`` holds those on unlabelled
+        features), and ``discrete_log10``: log10 of
+        the distinct components of the set of networks the permutations reach together with the
+        continuous groups, the isolated copies of a network. A stream's permutations are orthogonal maps
+        of it (a permutation matrix is orthogonal and fixes the all-ones vector), and a head's
+        permutations of its features are changes of basis of the head (:math:`GL(d_k)`,
+        :math:`GL(d_v)`). Both groups have two components, told apart by the sign of the determinant: a
+        continuous path through networks with the same function joins an even permutation to the
+        identity, and an odd one to a reflection, never to the identity. So a stream keeps a factor 2
+        (for :math:`d \ge 2`), each head a factor 2 per continuous label (for :math:`k \ge 2` features),
+        and the heads' order stays discrete.
+        A rotary head's group (``Spec.rotary``, counted in ``continuous``) and the bias shifts act inside a
+        head or on biases: they hold no permutation, and leave the permutations of their labels discrete.
     """
+    from symlib.symmetry import biases as _biases
     from symlib.symmetry import continuous as _continuous
     from symlib.symmetry import stream as _stream
 
     cont = _continuous.dims(spec)
     rotations = _stream.dims(spec)
+    shifts = _biases.dims(spec)
     scale_dof: dict[str | None, int] = {}
     for s, n in spec.scales.items():
         perm = {a.perm for a in spec.actions if a.scale == s}
@@ -114,7 +134,9 @@ def count(spec: Spec) -> list[dict]:
         swaps = math.factorial(groups) if label in first_of_tie else 1
         layers = _layers(spec, label)
         log10 = groups * _log10_factorial(n // groups) + math.log10(swaps)
-        connected = cont.get(label, 0) > 0 or rotations.get(label, 0) > 0  # inside a continuous group
+        # inside a continuous group: a GL(k) per head or the stream's rotations; a rotary group and the
+        # bias shifts hold no permutation (they act inside each head, or on biases)
+        connected = label in spec.continuous or rotations.get(label, 0) > 0
         rows.append({
             "label": label,
             "layers": layers,
@@ -122,18 +144,20 @@ def count(spec: Spec) -> list[dict]:
             "groups": groups,
             "permutations": Count(within * swaps),
             "log10_permutations": log10,
-            "discrete_log10": math.log10(swaps) if connected else log10,
+            "discrete_log10": math.log10(swaps) + _components(groups, n // groups) if connected else log10,
             "untied_log10": sum(len(spec.shapes[w]) >= 2 for w in _weights(spec, label))
             * _log10_factorial(n),
             "scaling_dof": scale_dof.get(label, 0),
             "continuous": cont.get(label, 0),
             "stream_rotations": rotations.get(label, 0),
+            "bias_shifts": shifts.get(label, 0),
         })
-    if scale_dof.get(None):
+    if scale_dof.get(None) or shifts.get(None):
         rows.append({
             "label": None, "layers": [], "channels": 0, "groups": 1, "permutations": 1,
             "log10_permutations": 0.0, "discrete_log10": 0.0, "untied_log10": 0.0,
-            "scaling_dof": scale_dof[None], "continuous": 0, "stream_rotations": 0,
+            "scaling_dof": scale_dof.get(None, 0), "continuous": 0, "stream_rotations": 0,
+            "bias_shifts": shifts.get(None, 0),
         })
     return rows
 
@@ -142,7 +166,9 @@ def totals(spec: Spec) -> dict:
     """Whole-network counts: ``permutations`` (exact), ``log10_permutations``, ``discrete_log10`` (the
     permutations in no continuous group: :func:`count`), ``scaling_dof``,
     ``continuous`` (dimensions of attention's continuous groups), ``stream_rotations`` (dimensions of
-    the residual streams' rotations, :mod:`symlib.symmetry.stream`), ``parameters`` (entries of the
+    the residual streams' rotations, :mod:`symlib.symmetry.stream`), ``bias_shifts`` (dimensions of the
+    redundant bias directions outside attention, :mod:`symlib.symmetry.biases`), ``parameters`` (entries of
+    the
     weights and biases acted on or not, buffers excluded, a tied parameter once: ``spec.aliases``)."""
     rows = count(spec)
     perms = math.prod(r["permutations"] for r in rows)
@@ -159,6 +185,7 @@ def totals(spec: Spec) -> dict:
         "scaling_dof": sum(r["scaling_dof"] for r in rows),
         "continuous": sum(r["continuous"] for r in rows),
         "stream_rotations": sum(r["stream_rotations"] for r in rows),
+        "bias_shifts": sum(r["bias_shifts"] for r in rows),
         "parameters": params,
     }
 
@@ -194,7 +221,10 @@ def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
                 "permutations": r["permutations"] if r["permutations"] < exact_below else None,
                 "log10_permutations": round(r["log10_permutations"], 2),
                 "scaling_dof": r["scaling_dof"],
+                "log10_discrete": round(r["discrete_log10"], 2),
                 "continuous": r["continuous"],
+                "stream_rotations": r["stream_rotations"],
+                "bias_shifts": r["bias_shifts"],
             }
             for r in rows
         ]
@@ -202,11 +232,15 @@ def table(model_or_spec, input_shape=None, exact_below: float = 1e15):
             "label": "total", "layers": "", "channels": sum(r["channels"] for r in rows), "groups": None,
             "permutations": tot["permutations"] if tot["permutations"] < exact_below else None,
             "log10_permutations": round(tot["log10_permutations"], 2), "scaling_dof": tot["scaling_dof"],
-            "continuous": tot["continuous"],
+            "log10_discrete": round(tot["discrete_log10"], 2), "continuous": tot["continuous"],
+            "stream_rotations": tot["stream_rotations"], "bias_shifts": tot["bias_shifts"],
         }]
     )
-    if not tot["continuous"]:  # a network without attention: no column of zeros
-        frame = frame.drop(columns="continuous")
+    # a network without continuous groups (an MLP, a CNN): no columns of zeros, and its discrete count is
+    # its count of permutations
+    frame = frame.drop(columns=[c for c in ("continuous", "stream_rotations", "bias_shifts") if not tot[c]])
+    if not (tot["continuous"] or tot["stream_rotations"]):
+        frame = frame.drop(columns="log10_discrete")
     frame["groups"] = frame["groups"].astype("Int64")
     # exact integers (no float rounding) where shown, <NA> where only the log10 is
     frame["permutations"] = frame["permutations"].astype("Int64")

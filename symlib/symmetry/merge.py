@@ -16,14 +16,10 @@ permutation :math:`P` per label of the :class:`~symlib.symmetry.spec.Spec`, appl
 * ``"none"``: the identity (the plain average);
 * ``"weights"``: weight matching, :math:`\min_P \lVert \theta_a - P\theta_b\rVert^2` by coordinate
   descent over the labels (:func:`symlib.symmetry.align.align`, cost ``"weights"``);
-* ``"activations"``: activation matching on a batch :math:`x`. For each label, the outputs
-  :math:`z^a_i(x), z^b_j(x)` of the layers that open it (the ``Linear`` or convolution whose rows the
-  label permutes; every spatial position counts as a sample) give the correlation matrix
-  :math:`C_{ij} = \mathrm{corr}(z^a_i, z^b_j)` (summed over the layers a residual tie joins), and
-  :math:`P = \arg\max_P \sum_i C_{i, P(i)}`, one linear assignment per label
-  (``scipy.optimize.linear_sum_assignment``). A network's hidden activations at one label do not depend
-  on its permutations of the other labels, so every label is solved once, on one forward pass per
-  network.
+* ``"activations"``: activation matching on a batch :math:`x`: for each label, the permutation that
+  best pairs the features of the two networks by their correlation on :math:`x`, attention heads and
+  the groups of grouped convolutions matched as whole blocks first
+  (``symlib.symmetry.align.activations``).
 
 With ``orthogonal=True``, a network with a residual stream (a transformer: LayerNorm or RMSNorm keep
 the stream's rotations) is also rotated onto the other by orthogonal Procrustes after the permutation
@@ -36,15 +32,15 @@ every other tensor.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from symlib.params import Params
 from symlib.symmetry import ops
+from symlib.symmetry.align.activations import activation_perms
 from symlib.symmetry.spec import Spec, SymmetryError
 
-__all__ = ["HOWS", "activation_perms", "match", "merge"]
+__all__ = ["HOWS", "activation_perms", "match", "merge", "rotate_onto"]
 
 #: How :func:`merge` matches the neurons of the two networks (module docstring).
 HOWS = ("none", "weights", "activations")
@@ -111,7 +107,7 @@ def match(
 ) -> Params:
     """``b`` moved along its symmetry orbit towards ``a`` (same function as ``b``): permuted as ``how``
     asks, then, with ``orthogonal``, its residual stream rotated and each attention head turned by an
-    orthogonal matrix (arguments of :func:`merge`)."""
+    orthogonal matrix (:func:`rotate_onto`; arguments of :func:`merge`)."""
     if how not in HOWS:
         raise ValueError(f"unknown how={how!r}; choose one of {HOWS}")
     _check_pair(a, b, spec)
@@ -128,14 +124,17 @@ def match(
         perms = {}
     moved = ops.permute(b, spec, perms) if perms else dict(b)
     if orthogonal:
-        moved = _orthogonal_steps(a, moved, spec, orthogonal_rounds)
+        moved = rotate_onto(a, moved, spec, orthogonal_rounds)
     return moved
 
 
-def _orthogonal_steps(a: Params, b: Params, spec: Spec, rounds: int, tol: float = 1e-12) -> Params:
-    """The stream's rotation and the heads' rotations, in turn, ``rounds`` times or until neither moves
-    ``b`` (each solves its Procrustes problem with the other held, so the inner product with ``a`` never
-    decreases; the error to an exactly rotated copy falls about five-fold per round)."""
+def rotate_onto(a: Params, b: Params, spec: Spec, rounds: int = 5, tol: float = 1e-12) -> Params:
+    """``b`` with its residual stream rotated onto ``a``'s and each attention head turned by an orthogonal
+    matrix, in turn, ``rounds`` times or until neither moves ``b``: the same function as ``b``. Each step
+    solves its orthogonal Procrustes problem with the other held, so the inner product with ``a`` never
+    decreases; the error to an exactly rotated copy falls about five-fold per round. One network each,
+    without batch dimensions; a network with neither a stream that only norms read nor attention heads
+    comes back as it is."""
     from symlib.symmetry import continuous
 
     scale = max(float(v.abs().max()) for v in b.values() if v.is_floating_point()) or 1.0
@@ -176,97 +175,3 @@ def _rotate_stream(a: Params, b: Params, spec: Spec) -> Params:
                                 "scalings='partial' (--scalings partial) to rotate its stream")
         return b
     return stream.align_stream(a, b, spec)
-
-
-# ----------------------------------------------------------------------------- activation matching
-def _openers(spec: Spec, model: nn.Module) -> dict[str, list[tuple[str, int]]]:
-    """For every permutation label, the layers whose outputs carry it: ``(module name, channel axis of
-    the output)`` for each ``Linear`` (last axis) or convolution (axis 1) whose weight rows the label
-    permutes whole."""
-    modules = dict(model.named_modules())
-    out: dict[str, list[tuple[str, int]]] = {k: [] for k in spec.perms}
-    for a in spec.actions:
-        if a.perm is None or a.axis != 0 or a.power <= 0 or not a.plain or not a.param.endswith(".weight"):
-            continue
-        name = a.param[: -len(".weight")]
-        mod = modules.get(name)
-        if isinstance(mod, nn.Linear):
-            out[a.perm].append((name, -1))
-        elif isinstance(mod, nn.Conv1d | nn.Conv2d | nn.Conv3d) and mod.groups == 1:
-            out[a.perm].append((name, 1))
-    return out
-
-
-def _record(model: nn.Module, params: Params, x: torch.Tensor, where: dict[str, int]
-            ) -> dict[str, torch.Tensor]:
-    """The outputs of the modules ``where`` names on inputs ``x``, each as ``(samples, channels)``."""
-    got: dict[str, torch.Tensor] = {}
-    modules = dict(model.named_modules())
-
-    def hook(name: str, axis: int):
-        def fn(_module, _inputs, output):
-            z = output.detach().movedim(axis, -1)
-            got[name] = z.reshape(-1, z.shape[-1])
-        return fn
-
-    handles = [modules[n].register_forward_hook(hook(n, ax)) for n, ax in where.items()]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            torch.func.functional_call(model, params, (x,))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    return got
-
-
-def _standardized(z: torch.Tensor) -> torch.Tensor:
-    z = z.to(torch.float64)
-    z = z - z.mean(0)
-    return z / (z.norm(dim=0) + 1e-12)
-
-
-def activation_perms(a: Params, b: Params, spec: Spec, model: nn.Module, batch: torch.Tensor | tuple
-                     ) -> dict[str, torch.Tensor]:
-    r"""Activation matching: for every label, the permutation of ``b``'s neurons that maximises the summed
-    correlation of their activations with ``a``'s on ``batch`` (module docstring).
-
-    Args:
-        a, b: one network each, of ``spec``'s architecture.
-        spec: the symmetries of ``model``.
-        model: the network (``Linear`` and convolution layers open the labels).
-        batch: inputs ``(n, *input_shape)``, or ``(inputs, targets)``.
-
-    Returns:
-        ``{label: perm}``; ``ops.permute(b, spec, perms)`` is ``b`` matched to ``a``.
-
-    Raises:
-        SymmetryError: a label with a block structure (grouped convolutions, attention heads) or opened by
-            no ``Linear`` or convolution layer, whose activations cannot be matched here.
-    """
-    from scipy.optimize import linear_sum_assignment
-
-    x = batch[0] if isinstance(batch, tuple | list) else batch
-    if not isinstance(x, torch.Tensor) or x.ndim < 2:
-        raise ValueError("batch must be a tensor of inputs (n, *input_shape), or (inputs, targets)")
-    openers = _openers(spec, model)
-    for label, where in openers.items():
-        if label in spec.blocks or not where:
-            why = ("has a block structure (a grouped convolution or attention heads)" if label in spec.blocks
-                   else "is opened by no Linear or convolution layer whose outputs could be recorded")
-            raise SymmetryError(f"label {label!r} {why}: activation matching solves one unconstrained "
-                                f"assignment per label on recorded outputs; merge with how='weights'")
-    where = {name: ax for w in openers.values() for name, ax in w}
-    ref = next(iter(a.values()))
-    if x.is_floating_point():
-        x = x.to(ref.dtype if ref.is_floating_point() else x.dtype)
-    x = x.to(ref.device)
-    za, zb = _record(model, a, x, where), _record(model, b, x, where)
-    perms = {}
-    for label, layers in openers.items():
-        corr = sum(_standardized(za[n]).T @ _standardized(zb[n]) for n, _ in layers)
-        _, cols = linear_sum_assignment(corr.cpu().numpy(), maximize=True)
-        perms[label] = torch.as_tensor(np.asarray(cols), dtype=torch.long, device=ref.device)
-    return perms

@@ -32,6 +32,7 @@ axis in a spec counts from the start of the parameter's own shape, recorded in
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -91,6 +92,56 @@ class Action:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rotary:
+    r"""The continuous group of one attention's rotary query-key heads (:mod:`symlib.symmetry.continuous`).
+
+    Rotary embeddings turn the pair :math:`(i, i + d/2)` of a head of :math:`d` features at its own
+    frequency, so a change of basis of a head that keeps every score is one rotation and one scale per
+    pair, :math:`A_i = s_i R(\phi_i)`, i.e. a complex number :math:`z_i` acting on
+    :math:`x_i + \mathrm{i}\,x_{i+d/2}`: :math:`z` on the query rows of every query head of a key-value
+    group, :math:`1/\bar z` (that is :math:`A^{-\top}`) on the group's key rows. :math:`d` real dimensions
+    per key-value head.
+
+    Attributes:
+        queries: ``(param, start, stop)``: rows ``start ... stop - 1`` (axis 0) of ``param`` produce the
+            queries, ``heads * r`` heads of ``per_head`` features laid out head after head (a weight's rows
+            and its bias alike); query head ``h`` reads key-value head ``h // r``.
+        keys: ``(param, start, stop)``: the rows that produce the keys, ``heads`` heads of ``per_head``.
+        heads: key-value heads.
+        per_head: features per head (even).
+    """
+
+    queries: tuple[tuple[str, int, int], ...]
+    keys: tuple[tuple[str, int, int], ...]
+    heads: int
+    per_head: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasShift:
+    r"""One redundant direction of :math:`d` dimensions among biases (:mod:`symlib.symmetry.biases`):
+    :math:`\delta \in \mathbb{R}^d` added to some rows, subtracted from others, and, for readers, taken
+    out of their biases through their weights, :math:`c_j \to c_j - W_j \delta`.
+
+    Attributes:
+        plus: ``(param, start, stop)``: rows ``start ... stop - 1`` of ``param`` viewed as ``(-1, d)`` move
+            by :math:`+\delta`.
+        minus: the same, moving by :math:`-\delta`.
+        readers: ``(weight, bias, transposed)``: a layer reading the shifted vectors, whose bias moves by
+            :math:`-W\delta` (``weight`` of shape ``(out, d)``, or ``(d, out)`` when ``transposed``).
+        kind: what the direction is: ``"token"`` (a class or distillation token against its position
+            embedding), ``"patch"`` (a patch embedding's bias against the patch tokens' position
+            embeddings), ``"table"`` (two embedding tables summed), ``"sum"`` (two biased layers summed) or
+            ``"norm"`` (a LayerNorm's bias against the biases of its readers).
+    """
+
+    plus: tuple[tuple[str, int, int], ...]
+    minus: tuple[tuple[str, int, int], ...] = ()
+    readers: tuple[tuple[str, str, bool], ...] = ()
+    kind: str = "norm"
+
+
+@dataclasses.dataclass(frozen=True)
 class Spec:
     r"""The symmetries of one architecture.
 
@@ -144,6 +195,13 @@ class Spec:
             ``"layer"`` (LayerNorm: centres, then divides by the standard deviation) or ``"rms"``
             (RMSNorm: divides by the root mean square). Which one decides the residual stream's group of
             rotations (:mod:`symlib.symmetry.stream`); BatchNorm is not one of them.
+        rotary: the continuous group of rotary query-key heads, keyed by the key heads' permutation label
+            (:class:`Rotary`: one rotation and one scale per pair of features and key-value head), which
+            ``continuous`` cannot express; :mod:`symlib.symmetry.continuous` applies and counts it.
+        shifts: redundant directions among biases outside attention (:class:`BiasShift`: a class token
+            against its position embedding, a patch embedding's bias against the patch tokens' position
+            embeddings, a LayerNorm's bias against its readers' biases); :mod:`symlib.symmetry.biases`
+            applies and counts them.
     """
 
     shapes: Mapping[str, tuple[int, ...]]
@@ -162,6 +220,8 @@ class Spec:
     vocab: int | None = None
     aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
     norms: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    rotary: Mapping[str, Rotary] = dataclasses.field(default_factory=dict)
+    shifts: tuple[BiasShift, ...] = ()
 
     def __post_init__(self) -> None:
         for a in self.actions:
@@ -205,10 +265,42 @@ class Spec:
                 raise SymmetryError(f"continuous group of {label!r}: not a permutation label of this spec, "
                                     "a kind other than 'qk' and 'vo', or a negative number of extra "
                                     "dimensions")
+        self._check_rotary()
+        self._check_shifts()
         for weight, kind in self.norms.items():
             if weight not in self.shapes or kind not in ("layer", "rms"):
                 raise SymmetryError(f"normalisation {weight!r}: not a parameter of this spec, or a kind "
                                     "other than 'layer' and 'rms'")
+
+    def _check_rotary(self) -> None:
+        """Each rotary group keys a permutation label, and its rows lie in its parameters."""
+        for label, r in self.rotary.items():
+            d, ok = r.per_head, label in self.perms and r.heads >= 1 and r.per_head % 2 == 0
+            rows = {"queries": [stop - start for _, start, stop in r.queries],
+                    "keys": [stop - start for _, start, stop in r.keys]}
+            ok = ok and all(p in self.shapes and 0 <= start < stop <= self.shapes[p][0]
+                            for p, start, stop in r.queries + r.keys)
+            ok = ok and rows["keys"] and all(n == r.heads * d for n in rows["keys"])
+            ok = ok and rows["queries"] and len(set(rows["queries"])) == 1 \
+                and rows["queries"][0] % (r.heads * d) == 0
+            if not ok:
+                raise SymmetryError(f"rotary group of {label!r}: not a permutation label of this spec, an "
+                                    "odd number of features per head, or rows that are not whole heads of "
+                                    "its parameters")
+
+    def _check_shifts(self) -> None:
+        """Each shift moves vectors of one size, within its parameters."""
+        for s in self.shifts:
+            sizes = {self.shapes[p][-1] for p, _, _ in s.plus + s.minus if p in self.shapes}
+            ok = len(sizes) == 1 and all(p in self.shapes for p, _, _ in s.plus + s.minus)
+            d = sizes.pop() if ok else 0
+            ok = ok and all(0 <= a < b <= math.prod(self.shapes[p]) // d for p, a, b in s.plus + s.minus)
+            ok = ok and all(w in self.shapes and b in self.shapes and self.shapes[w][0 if t else -1] == d
+                            for w, b, t in s.readers)
+            if not ok or s.kind not in ("token", "patch", "table", "sum", "norm"):
+                raise SymmetryError(f"bias shift {s}: its rows must be vectors of one size inside their "
+                                    "parameters, its readers' weights must read that size, and its kind "
+                                    "one of 'token', 'patch', 'table', 'sum', 'norm'")
 
     def _check_slices(self) -> None:
         """Labels of one kind on one axis act on disjoint slices; one plain action covers its axis."""

@@ -85,13 +85,16 @@ def _structure(spec: Spec, label: str) -> _Stream:
                                 "or split are not supported")
         if a.power not in (1, -1) or a.offset:
             raise SymmetryError(f"{label!r} acts on {a.param!r} with power {a.power}: not a residual stream")
+    # a tensor under several names (Spec.aliases) rotates with the stream when every name writes it (T5's
+    # shared input table); a table read both as the embedding and as the classifier leaves the final norm
+    # without the scale labels that link it to its readers (the tie removed them), and is refused below
     tied = [a.param for a in acts if a.param in spec.aliases or a.param in spec.aliases.values()]
-    if tied:
-        raise SymmetryError(f"{tied[0]!r} is tied to another tensor (Spec.aliases): a table read both as the "
-                            f"embedding and as the classifier cannot rotate with {label!r}; untie it "
-                            "(tie_word_embeddings=False) or leave the stream's rotations alone")
     scales: dict[str, tuple[str, str | None]] = {}
     for a in norm_w:
+        if a.scale is None and tied and spec.scales:
+            raise SymmetryError(f"{tied[0]!r} is tied to another tensor (Spec.aliases): a table read both as "
+                                f"the embedding and as the classifier cannot rotate with {label!r}; untie it "
+                                "(tie_word_embeddings=False) or leave the stream's rotations alone")
         if a.scale is None:
             why = ("the spec has no scaling labels, which link each norm to its readers: trace with "
                    "scalings='auto' or 'partial'") if not spec.scales else (

@@ -14,8 +14,9 @@ U(0.5, 1.5)), traced through ``torch.export``. Its group, derived by hand:
 * per layer, SwiGLU: :math:`64!` (gate and up share one permutation);
 * scalings: each of the 5 RMSNorm gains opens 32 scales (undone by the next layer's columns), each
   SwiGLU's up projection 64 (the gate's SiLU fixes its own): :math:`5 \cdot 32 + 2 \cdot 64 = 288`;
-* no continuous group is recorded (per query-key head the rotary group :math:`(\mathbb{C}^\times)^{4}` of
-  8 dimensions is not expressible as ``Spec.continuous``).
+* continuous: per key-value head, the rotary group :math:`(\mathbb{C}^\times)^{4}` (one rotation and one
+  scale per pair of its 8 query-key features, acting alike on its 2 query heads), ``Spec.rotary``:
+  :math:`2 \cdot 2 \cdot 8 = 32` dimensions; it holds no permutation, so the heads' order stays discrete.
 
 A random group element keeps the logits: in float32 to 1e-4; in float64 to 1e-9 when the stream is not
 permuted, and to 1e-5 when it is, since Hugging Face's RMSNorm computes in float32 whatever the model's
@@ -33,6 +34,7 @@ import pytest
 import torch
 import transformer_nets
 from torch import nn
+from transformer_nets import cast, decided, gen, max_diff
 
 from symlib.symmetry import canonical, check, continuous, counting, ops
 from symlib.symmetry.spec import SymmetryError
@@ -76,19 +78,6 @@ def _case(name):
     return spec, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _in(theta, dtype):
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in theta.items()}
-
-
-def _max_diff(a, b, keys=None):
-    return max(float((a[k].double() - b[k].double()).abs().max())
-               for k in (keys or a) if a[k].is_floating_point())
-
-
 STREAM = "model.embed_tokens"
 
 
@@ -96,16 +85,16 @@ STREAM = "model.embed_tokens"
 @pytest.mark.parametrize("name", NAMES)
 def test_group_element_keeps_the_logits(name, dtype):
     spec, theta = _case(name)
-    theta = _in(theta, dtype)
-    g = ops.random_element(spec, "both", generator=_gen(1))
+    theta = cast(theta, dtype)
+    g = ops.random_element(spec, "both", generator=gen(1))
     moved = ops.act(g, theta, spec)
-    assert _max_diff(moved, theta) > 1e-2
+    assert max_diff(moved, theta) > 1e-2
     err = float(check.function_error(spec, theta, moved))
     assert err < (1e-5 if dtype == torch.float64 else 1e-4)  # the stream through float32 RMSNorms
     if dtype == torch.float64:  # everything but the stream: exact
         rest = ops.Element({k: v for k, v in g.perms.items() if k != STREAM}, g.scales)
         moved = ops.act(rest, theta, spec)
-        assert _max_diff(moved, theta) > 1e-2
+        assert max_diff(moved, theta) > 1e-2
         assert float(check.function_error(spec, theta, moved)) < 1e-9
 
 
@@ -129,28 +118,23 @@ def test_negative_controls(name):
         assert float(check.function_error(spec, theta, broken)) > 1e-6
 
 
-DECIDED = 4 * 2.0**-24  # as in test_transformers: float32 neighbours closer than this may swap
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", NAMES)
 def test_canonical_form_is_invariant(name, dtype):
     spec, theta = _case(name)
-    theta = _in(theta, dtype)
-    moved = ops.act(ops.random_element(spec, "both", generator=_gen(4)), theta, spec)
+    theta = cast(theta, dtype)
+    moved = ops.act(ops.random_element(spec, "both", generator=gen(4)), theta, spec)
     with warnings.catch_warnings():  # checked below: its own check's float64 tolerance (1e-9) is below the
         warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)  # float32 RMSNorm's rounding
         canon = canonical.canonicalize(theta, spec, check=False)
         other = canonical.canonicalize(moved, spec, check=False)
     assert float(check.function_error(spec, theta, canon)) < (1e-5 if dtype == torch.float64 else 1e-4)
-    skip = set()
-    if dtype == torch.float32:
-        ambiguous = {k for k, m in canonical.margins(theta, spec).items() if float(m) < DECIDED}
-        skip = {a.param for a in spec.actions if a.perm in ambiguous}
-    kept = [k for k in canon if k not in skip and canon[k].is_floating_point()]
+    kept = decided(canon, theta, spec, dtype)
     assert len(kept) > len(canon) // 2
-    assert _max_diff(canon, other, kept) < (1e-9 if dtype == torch.float64 else 1e-5)
-    assert _max_diff(canonical.canonicalize(canon, spec, check=False), canon, kept) < 1e-12
+    assert max_diff(canon, other, kept) < (1e-9 if dtype == torch.float64 else 1e-5)
+    assert max_diff(canonical.canonicalize(canon, spec, check=False), canon, kept) < 1e-12
 
 
 def _lf(n):
@@ -164,7 +148,10 @@ def test_counts_match_the_closed_form(name):
     heads = _lf(2) + 2 * _lf(2)  # g! (r!)^g with g = r = 2
     assert tot["log10_permutations"] == pytest.approx(_lf(32) + 2 * (heads + _lf(64)), abs=1e-9)
     assert tot["scaling_dof"] == 5 * 32 + 2 * 64
-    assert tot["continuous"] == 0 == sum(continuous.dims(spec).values())
+    assert tot["continuous"] == 2 * 2 * 8 == sum(continuous.dims(spec).values())
+    # the stream's permutations lie in O(32), two components: only the parity of a permutation stays discrete
+    want = tot["log10_permutations"] - _lf(32) + math.log10(2)
+    assert tot["discrete_log10"] == pytest.approx(want, abs=1e-9)
 
 
 def test_tracer_finds_the_labels_of_a_llama_layer():
@@ -198,13 +185,13 @@ def test_without_grouped_query_attention_values_keep_their_group():
         4, f"{p}.q_proj.heads")
     tot = counting.totals(spec)
     assert tot["log10_permutations"] == pytest.approx(_lf(32) + 2 * (_lf(4) + 4 * _lf(8) + _lf(64)), abs=1e-9)
-    assert tot["continuous"] == 2 * 4 * 8 * 8
+    assert tot["continuous"] == 2 * 4 * 8 * 8 + 2 * 4 * 8  # GL(8) per value head, rotary per query-key head
     theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    g = ops.random_element(spec, "both", generator=_gen(1))
+    g = ops.random_element(spec, "both", generator=gen(1))
     g = ops.Element({k: v for k, v in g.perms.items() if k != STREAM}, g.scales)
-    mats = continuous.random_element(spec, _gen(2))
+    mats = continuous.random_element(spec, gen(2))
     for moved in (ops.act(g, theta, spec), continuous.act(theta, spec, mats)):
-        assert _max_diff(moved, theta) > 1e-3
+        assert max_diff(moved, theta) > 1e-3
         assert float(check.function_error(spec, theta, moved)) < 1e-9
 
 
@@ -239,8 +226,8 @@ def test_rmsnorm_written_out_is_a_norm(hf, tracer):
     assert counting.totals(spec)["scaling_dof"] == 16 + 24
     assert spec.norms == {"norm.weight": "rms"}
     theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    moved = ops.act(ops.random_element(spec, "both", generator=_gen(1)), theta, spec)
-    assert _max_diff(moved, theta) > 1e-2
+    moved = ops.act(ops.random_element(spec, "both", generator=gen(1)), theta, spec)
+    assert max_diff(moved, theta) > 1e-2
     assert float(check.function_error(spec, theta, moved)) < (1e-6 if hf else 1e-10)  # HF: float32 inside
 
 
@@ -269,3 +256,29 @@ def test_a_refusal_names_the_module(tracer):
     the node."""
     with pytest.raises(SymmetryError, match=r"at node 'cumsum' .* in module 'block\.0' \(_Unknown\)"):
         spec_of(_Outer().double(), (4,), tracer=tracer)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rotary_group_keeps_the_logits(name):
+    """A random element of the rotary groups (one complex number per pair of features and key-value head:
+    queries times z, keys times 1/conj(z)) keeps the logits in float64 to 1e-9 (the stream is not
+    permuted, so the float32 RMSNorm sees the same numbers) while the query and key rows move by more than
+    half their norm; the same numbers on the interleaved pairs (2i, 2i + 1) (another rotary convention)
+    change them."""
+    spec, theta = _case(name)
+    assert len(spec.rotary) == 2
+    zs = {k: v for k, v in continuous.random_element(spec, gen(3), spread=0.5).items() if k in spec.rotary}
+    moved = continuous.act(theta, spec, zs)
+    rows = [p for r in spec.rotary.values() for p, _, _ in r.queries + r.keys]
+    assert set(rows) == {k for k in theta if not torch.equal(theta[k], moved[k])}
+    assert min(float((moved[k] - theta[k]).norm() / theta[k].norm()) for k in rows) > 0.5
+    assert float(check.function_error(spec, theta, moved)) < 1e-9
+    half = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])  # row j of the half layout reads interleaved row half[j]
+    perm = torch.cat([h * 8 + half for h in range(4)])
+    inv = torch.argsort(perm)
+
+    def reorder(t, idx):
+        return {k: (v[idx[: v.shape[0]]] if k in rows else v) for k, v in t.items()}
+
+    broken = reorder(continuous.rotate(reorder(theta, perm), spec, zs), inv)
+    assert float(check.function_error(spec, theta, broken)) > 1e-6

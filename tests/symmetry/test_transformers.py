@@ -30,16 +30,13 @@ import warnings
 import pytest
 import torch
 import transformer_nets
+from transformer_nets import cast, decided, gen, max_diff
 
 from symlib.symmetry import align, canonical, check, continuous, counting, ops
 from symlib.symmetry.spec import SymmetryError
 from symlib.symmetry.trace import spec_of
 
 NAMES = transformer_nets.NAMES
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 @functools.cache
@@ -50,30 +47,21 @@ def _case(name, seed=0):
     return spec, theta
 
 
-def _in(theta, dtype):
-    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in theta.items()}
-
-
-def _max_diff(a, b, keys=None):
-    return max(float((a[k].double() - b[k].double()).abs().max())
-               for k in (keys or a) if a[k].is_floating_point())
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", NAMES)
 def test_group_element_keeps_the_function(name, dtype):
     spec, theta = _case(name)
-    theta = _in(theta, dtype)
+    theta = cast(theta, dtype)
     tol = 1e-10 if dtype == torch.float64 else 1e-4
-    g = ops.random_element(spec, "both", generator=_gen(1))
+    g = ops.random_element(spec, "both", generator=gen(1))
     moved = ops.act(g, theta, spec)
-    assert _max_diff(moved, theta) > 1e-2
+    assert max_diff(moved, theta) > 1e-2
     assert float(check.function_error(spec, theta, moved)) < tol
-    mats = continuous.random_element(spec, _gen(2))
+    mats = continuous.random_element(spec, gen(2))
     turned = continuous.act(theta, spec, mats)
-    assert _max_diff(turned, theta) > 1e-3
+    assert max_diff(turned, theta) > 1e-3
     assert float(check.function_error(spec, theta, turned)) < tol
-    shifted = continuous.shift_biases(theta, spec, continuous.random_shifts(spec, _gen(3), dtype))
+    shifted = continuous.shift_biases(theta, spec, continuous.random_shifts(spec, gen(3), dtype))
     assert float(check.function_error(spec, theta, shifted)) < tol
 
 
@@ -108,28 +96,23 @@ def test_negative_controls_queries_alone(name, control):
 
 # In float32 a "max" key moves by about two roundings relative to the largest key of its label, so
 # neighbours whose keys differ by more than 4 * 2^-24 keep their order (as in test_torchvision).
-DECIDED = 4 * 2.0**-24
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", NAMES)
 def test_canonical_form_is_invariant(name, dtype):
     spec, theta = _case(name)
-    theta = _in(theta, dtype)
-    g = ops.random_element(spec, "both", generator=_gen(4))
+    theta = cast(theta, dtype)
+    g = ops.random_element(spec, "both", generator=gen(4))
     moved = ops.act(g, theta, spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)  # checked through margins below
         canon = canonical.canonicalize(theta, spec)
         other = canonical.canonicalize(moved, spec)
-    skip = set()
-    if dtype == torch.float32:
-        ambiguous = {k for k, m in canonical.margins(theta, spec).items() if float(m) < DECIDED}
-        skip = {a.param for a in spec.actions if a.perm in ambiguous}
-    kept = [k for k in canon if k not in skip and canon[k].is_floating_point()]
+    kept = decided(canon, theta, spec, dtype)
     assert len(kept) > len(canon) // 2
-    assert _max_diff(canon, other, kept) < (1e-9 if dtype == torch.float64 else 1e-5)
-    assert _max_diff(canonical.canonicalize(canon, spec, check=False), canon, kept) < 1e-12  # idempotent
+    assert max_diff(canon, other, kept) < (1e-9 if dtype == torch.float64 else 1e-5)
+    assert max_diff(canonical.canonicalize(canon, spec, check=False), canon, kept) < 1e-12  # idempotent
 
 
 def _lf(n):
@@ -180,11 +163,11 @@ def test_counts_match_the_closed_form(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_weight_matching_recovers_a_permuted_copy(name):
     spec, theta = _case(name)
-    g = ops.random_element(spec, "perm", generator=_gen(5))
+    g = ops.random_element(spec, "perm", generator=gen(5))
     moved = ops.act(g, theta, spec)
     r = align.align(theta, moved, spec, cost="weights")  # attention: the stream goes first by default
     assert r.costs[0] > 1.0 and r.cost < 1e-18
-    assert _max_diff(r.mean, theta) < 1e-12
+    assert max_diff(r.mean, theta) < 1e-12
 
 
 def _before_attention(spec):
@@ -250,9 +233,9 @@ def test_tied_embedding_and_classifier_move_together():
     table = {a.param: a for a in spec.actions if a.param in ("lm_head.weight", "transformer.wte.weight")}
     assert set(table) == {"lm_head.weight", "transformer.wte.weight"}
     assert all(a.axis == 1 and a.scale is None for a in table.values())
-    moved = ops.act(ops.random_element(spec, "both", generator=_gen(6)), theta, spec)
+    moved = ops.act(ops.random_element(spec, "both", generator=gen(6)), theta, spec)
     assert torch.equal(moved["lm_head.weight"], moved["transformer.wte.weight"])
-    assert _max_diff(moved, theta) > 1e-2
+    assert max_diff(moved, theta) > 1e-2
     assert float(check.function_error(spec, theta, moved)) < 1e-10
     assert spec.aliases == {"lm_head.weight": "transformer.wte.weight"}
     assert counting.totals(spec)["parameters"] == sum(p.numel() for p in model.parameters())  # tied: once

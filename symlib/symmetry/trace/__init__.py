@@ -82,11 +82,11 @@ arithmetic, reductions, concatenation, normalisations written out), :mod:`~symli
 (reshapes, axis moves, indexing and splits, views of parameters), :mod:`~symlib.symmetry.trace.attention`
 (attention: its products, heads and scores, and whole attention layers),
 :mod:`~symlib.symmetry.trace.heads` (heads that move only whole: rotary embeddings, grouped-query
-attention); :mod:`~symlib.symmetry.trace.inputs` says what the dummy input must be. Here: :func:`spec_of`
-(trace, with ``PlainTracer`` through PyTorch's own transformer layers, propagate shapes, walk) and
-``assemble``, which builds the :class:`~symlib.symmetry.spec.Spec` from the walk's records
-(each recorded action on the final label classes, cut labels replaced by their parts, tied parameters
-and their aliases, blocks of grouped convolutions and heads, the continuous groups of attention).
+attention); :mod:`~symlib.symmetry.trace.inputs` says what the dummy input must be,
+:mod:`~symlib.symmetry.trace.plain` traces through PyTorch's own transformer layers,
+:mod:`~symlib.symmetry.trace.build` builds the :class:`~symlib.symmetry.spec.Spec` from the walk's
+records, and :mod:`~symlib.symmetry.trace.biases` finds the redundant bias directions. Here:
+:func:`spec_of` (trace, propagate shapes, walk, build).
 """
 
 from __future__ import annotations
@@ -106,9 +106,10 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
 
 from symlib.errors import InputShapeError
-from symlib.symmetry.spec import Action, Spec, SymmetryError, with_scalings
-from symlib.symmetry.trace import inputs
-from symlib.symmetry.trace.labels import FIXED, UnionFind
+from symlib.symmetry.spec import Spec, SymmetryError, with_scalings
+from symlib.symmetry.trace import inputs, plain
+from symlib.symmetry.trace.build import assemble
+from symlib.symmetry.trace.labels import FIXED
 
 if TYPE_CHECKING:
     from symlib.symmetry.trace.walker import Records
@@ -164,7 +165,7 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
     Raises:
         SymmetryError: naming the node or layer whose symmetries are unknown.
     """
-    from symlib.symmetry.trace import rules
+    from symlib.symmetry.trace import biases, rules
     from symlib.symmetry.trace.walker import Walker
 
     if not isinstance(model, nn.Module):
@@ -200,11 +201,26 @@ def spec_of(model: nn.Module, input_shape, device=None, dtype=None, scalings: st
             config.use_cache = cache
     records = Walker(model, gm, rules.apply).walk()
     spec = with_scalings(assemble(records, model), scalings)
+    spec = dataclasses.replace(spec, shifts=_valid_shifts(spec, biases.find(gm, model)))
     _warn_if_small(records, spec, model)
     if vocab is not None:
         inputs.check_vocab(gm, int(vocab))
         spec = dataclasses.replace(spec, vocab=int(vocab))
     return spec.with_forward(_eval_forward(model), input_shape)
+
+
+def _valid_shifts(spec: Spec, found: tuple) -> tuple:
+    """The bias directions found (``trace.biases``) that the spec accepts, each checked on its own: one
+    the graph pass got wrong is left out (the spec is then smaller than the group, never wrong) instead of
+    failing the whole trace."""
+    keep = []
+    for shift in found:
+        try:
+            dataclasses.replace(spec, shifts=(shift,))
+        except SymmetryError:
+            continue
+        keep.append(shift)
+    return tuple(keep)
 
 
 def _warn_if_small(records: Records, spec: Spec, model: nn.Module) -> None:
@@ -248,7 +264,7 @@ def _trace(model: nn.Module, dummy: torch.Tensor, tracer: str = "auto") -> torch
     try:
         if tracer == "export":
             raise SymmetryError("tracer='export' was asked for")
-        return _symbolic_trace(model)  # torch.fx, through PyTorch's own transformer layers
+        return plain.symbolic_trace(model)  # torch.fx, through PyTorch's own transformer layers
     except Exception as fx_err:  # torch.fx raises many kinds of errors
         if tracer == "fx":
             raise SymmetryError(f"torch.fx could not trace {type(model).__name__} ({fx_err}); pass "
@@ -262,61 +278,6 @@ def _trace(model: nn.Module, dummy: torch.Tensor, tracer: str = "auto") -> torch
                 f"torch.fx could not trace {type(model).__name__} ({fx_err}), and torch.export could not "
                 f"export it either ({type(err).__name__}: {first}). {inputs.advice(model, dummy, first)}"
             ) from err
-
-
-# -------------------------------------------- PyTorch's transformer layers, traced through by torch.fx
-def _encoder_layer(mod: nn.TransformerEncoderLayer, src, src_mask=None, src_key_padding_mask=None,
-                   is_causal: bool = False):
-    """``nn.TransformerEncoderLayer.forward`` without its fast path."""
-
-    def attend(x):
-        out = mod.self_attn(x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask,
-                            need_weights=False, is_causal=is_causal)[0]
-        return mod.dropout1(out)
-
-    def feed_forward(x):
-        return mod.dropout2(mod.linear2(mod.dropout(mod.activation(mod.linear1(x)))))
-
-    x = src
-    if mod.norm_first:
-        x = x + attend(mod.norm1(x))
-        return x + feed_forward(mod.norm2(x))
-    x = mod.norm1(x + attend(x))
-    return mod.norm2(x + feed_forward(x))
-
-
-def _encoder(mod: nn.TransformerEncoder, src, mask=None, src_key_padding_mask=None, is_causal=None):
-    """``nn.TransformerEncoder.forward`` without its fast path (no nested tensors)."""
-    x = src
-    for layer in mod.layers:
-        x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
-    return x if mod.norm is None else mod.norm(x)
-
-
-_PLAIN = {nn.TransformerEncoderLayer: _encoder_layer, nn.TransformerEncoder: _encoder}
-"""PyTorch's layers traced through by their plain forward (``PlainTracer``) instead of as one call."""
-
-
-class PlainTracer(torch.fx.Tracer):
-    """``torch.fx``'s tracer, which traces the modules of ``_PLAIN`` through their plain forward."""
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return type(m) not in _PLAIN and super().is_leaf_module(m, qualname)
-
-    def call_module(self, m: nn.Module, forward, args, kwargs):
-        plain = _PLAIN.get(type(m))
-        if plain is not None:
-            def forward(*a, **k):  # noqa: F811 (the plain forward replaces the module's own)
-                return plain(m, *a, **k)
-        return super().call_module(m, forward, args, kwargs)
-
-
-def _symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with ``PlainTracer``."""
-    tracer = PlainTracer()
-    graph = tracer.trace(model)
-    name = model.__class__.__name__ if isinstance(model, nn.Module) else model.__name__
-    return torch.fx.GraphModule(tracer.root, graph, name)
 
 
 def _propagate(gm: torch.fx.GraphModule, dummy: torch.Tensor) -> None:
@@ -370,150 +331,3 @@ def _eval_forward(model: nn.Module):
                 m.train(t)
 
     return forward
-
-
-# ------------------------------------------------------------------------------------------ assembly
-def assemble(records: Records, model: nn.Module) -> Spec:
-    """The :class:`~symlib.symmetry.spec.Spec` of ``model`` from what the walk of its graph recorded: the
-    actions on the final labels, in the order of the labels' layers, with blocks, continuous groups and
-    the aliases of tied parameters (module docstring)."""
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    names: dict[int, list[str]] = {}
-    for k, v in model.state_dict(keep_vars=True).items():
-        names.setdefault(id(v), []).append(k)
-    groups = [group for group in names.values() if len(group) > 1]
-    twins = {k: [x for x in group if x != k] for group in groups for k in group}
-    actions = _with_twins(_tied(_actions(records)), twins)
-    weights = records.weights | {t for w in records.weights for t in twins.get(w, ())}
-    perm_uf, scale_uf = records.perm_uf, records.scale_uf
-    used_p = {a.perm for a in actions} - {None}
-    used_s = {a.scale for a in actions} - {None}
-    perms = {r: perm_uf.size[r] for r in sorted(used_p, key=perm_uf.position)}
-    scales = {r: scale_uf.size[r] for r in sorted(used_s, key=scale_uf.position)}
-    producers = [p for p in records.output_producers if p is not None]
-    bias = f"{producers[-1]}.bias" if producers else None
-    return Spec(
-        shapes=shapes, perms=perms, scales=scales, actions=tuple(actions), weights=frozenset(weights),
-        output_bias=bias if bias in shapes else None, no_scaling=dict(records.no_scaling),
-        blocks=_blocks(records, perms), continuous=_continuous(records, perms, actions, shapes, weights),
-        aliases={x: group[0] for group in groups for x in group[1:] if x in shapes},
-        norms={k: v for k, v in records.norms.items() if k in shapes},
-    )
-
-
-def _pieces(uf: UnionFind, label: str) -> list[tuple[str | None, bool, int, int]]:
-    """``(root or None when fixed, parity, offset, size)`` of the parts of ``label``'s class."""
-    out, pos = [], 0
-    for root, odd, n in uf.leaves(label):
-        out.append((None if root == FIXED else root, odd, pos, n))
-        pos += n
-    return out
-
-
-def _actions(records: Records) -> list[Action]:
-    """The recorded actions on the final labels: each label replaced by the parts it was cut into, the
-    power of a permutation on the far side of a bilinear form negated (attention keys)."""
-    actions, seen = [], set()
-
-    def add(a: Action) -> None:
-        if (a.perm is not None or a.scale is not None) and a not in seen:
-            seen.add(a)
-            actions.append(a)
-
-    for r in records.actions:
-        ps, ss = _pieces(records.perm_uf, r.perm), _pieces(records.scale_uf, r.scale)
-        if r.groups != 1 and (len(ps) > 1 or len(ss) > 1):
-            raise SymmetryError(f"the grouped weight {r.param!r} reads a label that was cut into parts")
-        if len(ss) == 1 and ss[0][0] is None:
-            ss = [(None, False, o, n) for _, _, o, n in ps]
-        if len(ps) == 1 and ps[0][0] is None:
-            ps = [(None, False, o, n) for _, _, o, n in ss]
-        aligned = [(o, n) for _, _, o, n in ps] == [(o, n) for _, _, o, n in ss]
-        for i, (pr, odd, o, _) in enumerate(ps):
-            sr = ss[i][0] if aligned else None
-            at = {"start": r.start + o * r.inner}
-            if odd and sr is not None:  # a flipped permutation cannot share the action of a scale
-                add(dataclasses.replace(r, perm=None, scale=sr, **at))
-                sr = None
-            add(dataclasses.replace(r, perm=pr, scale=sr, power=-r.power if odd else r.power, **at))
-        if not aligned:
-            for sr, _, o, _ in ss:
-                add(dataclasses.replace(r, perm=None, scale=sr, start=r.start + o * r.inner))
-    return actions
-
-
-def _tied(actions: list[Action]) -> list[Action]:
-    """A parameter read twice on one axis by one label (an embedding table reused as the classifier, once
-    as rows, once as columns) is permuted once, and cannot scale both ways: its scales go."""
-    seen: dict[tuple, Action] = {}
-    twice, scales = set(), set()
-    for a in actions:
-        if a.perm is None:
-            continue
-        first = seen.setdefault((a.param, a.axis, a.perm, a.start, a.inner), a)
-        if first is not a:
-            twice.add(a)
-            scales.update(x.scale for x in (first, a) if x.scale is not None)
-    if not twice:
-        return actions
-    out = [dataclasses.replace(a, scale=None if a.scale in scales else a.scale)
-           for a in actions if a not in twice]
-    return [a for a in out if a.perm is not None or a.scale is not None]
-
-
-def _with_twins(actions: list[Action], twins: Mapping[str, list[str]]) -> list[Action]:
-    """The same actions on every other name of a tied parameter (a state dict lists a tied embedding and
-    classifier under both names; the graph reads one), so both names stay equal."""
-    out, acted = list(actions), {a.param for a in actions}
-    for a in actions:
-        out += [dataclasses.replace(a, param=t) for t in twins.get(a.param, ()) if t not in acted]
-    return out
-
-
-def _continuous(records: Records, perms, actions, shapes, weights) -> dict[str, tuple[str, int]]:
-    """Attention labels with their general linear groups, and the dimensions of their redundant biases:
-    a key bias only shifts each query's scores by a constant, and a value bias passes through the
-    attention (its weights sum to 1) into the output projection's bias."""
-    uf = records.perm_uf
-    out: dict[str, tuple[str, int]] = {}
-    bad = {uf.find(x) for x in uf.conflicts}
-    no_shift = {uf.find(x) for x in records.no_bias_shift}
-    for label, kind in records.kinds.items():
-        leaves = uf.leaves(label)
-        if len(leaves) != 1 or leaves[0][0] not in perms or leaves[0][0] in bad:
-            continue
-        root = leaves[0][0]
-        mine = [a for a in actions if a.perm == root]
-        biases = [a for a in mine if a.param not in weights and len(shapes[a.param]) == 1]
-        extra = 0
-        if root not in no_shift and kind == "qk" and any(a.power < 0 for a in biases):
-            extra = perms[root]
-        if root not in no_shift and kind == "vo" and any(a.power > 0 for a in biases):
-            outs = [a.param for a in mine if a.param in weights and a.power < 0]
-            if outs and all(f"{p.rsplit('.', 1)[0]}.bias" in shapes for p in outs):
-                extra = perms[root]
-        out[root] = (kind, extra)
-    return {k: out[k] for k in perms if k in out}
-
-
-def _blocks(records: Records, perms) -> dict[str, tuple[int, str | None]]:
-    """The permutation labels with blocks (groups of a convolution, heads), and the tie of each: labels
-    tied together move their blocks alike; a tie with the fixed class keeps them in place (``None``)."""
-    pf = records.perm_uf.find
-    groups: dict[str, int] = {}
-    tie = UnionFind()
-    for p_in, p_out, g in records.grouped:
-        for label in (pf(p_in), pf(p_out)):
-            if label not in tie.parent:
-                tie.add(label)
-            if label != FIXED and groups.setdefault(label, g) != g:
-                raise SymmetryError(
-                    f"channels {label!r} feed or leave grouped convolutions (or attention heads) with "
-                    f"{groups[label]} and {g} groups; spec_of supports one group count per channel set"
-                )
-        tie.union(pf(p_in), pf(p_out))
-    ordered = [label for label in perms if label in groups]
-    return {
-        label: (groups[label], None if tie.find(label) == FIXED else tie.find(label))
-        for label in ordered
-    }

@@ -17,8 +17,12 @@ concatenated heads. Its symmetries, all found here from the operations themselve
   :mod:`~symlib.symmetry.trace.views`) form blocks of their label (``Spec.blocks``), and the scores of
   the heads (:class:`~.labels.Scores`) tie the query-key and value labels of one attention, so their heads
   move together; a parameter indexed by heads (a relative position bias table) gets a label of its own in
-  the same tie. On features split into heads only reshapes, axis moves, copies and scaling by numbers
-  are known; on scores also masks, biases, softmax and element-wise activations (they keep the heads);
+  the same tie, and so does a table looked up with positions whose columns are the heads (T5's relative
+  position bias, an embedding: its label of one entry per head joins the tie of every attention whose
+  scores it is added to, so attentions sharing one bias move their heads together). On features split
+  into heads only reshapes, axis moves, copies and scaling by numbers are known; on scores also masks
+  (added, or selected with ``torch.where``), biases, softmax and element-wise activations (they keep the
+  heads);
 * ``nn.MultiheadAttention`` and torchvision's ``shifted_window_attention`` (Swin) take their parameters
   directly: they are rules of their own, with the same labels, opened by one input projection
   (:func:`project_qkv`).
@@ -158,7 +162,7 @@ def _add_to_scores(w, node, scores, arg, nd: int):
     st = w.states.get(arg)
     shape = (1,) * (nd - len(w.shape(arg))) + tuple(w.shape(arg))
     if isinstance(st, (State, Grid)) and not w.is_fixed(st):
-        raise w.refuse(node, "labelled features added to attention scores", "this is not attention")
+        return _labelled_heads(w, node, scores, st, nd - len(w.shape(arg)))
     if not isinstance(scores, Scores) or shape[scores.axis] == 1:
         return scores
     axis = scores.axis - (nd - len(w.shape(arg)))
@@ -168,6 +172,47 @@ def _add_to_scores(w, node, scores, arg, nd: int):
         w.grouped.append((scores.follows, st.follows, scores.heads))
     else:
         w.grouped.append((scores.follows, FIXED, scores.heads))
+    return scores
+
+
+def _labelled_heads(w, node, scores, st, shift: int):
+    """A labelled tensor added to attention scores: one label of one entry per head on the scores' heads
+    axis (a relative position bias looked up in an embedding whose columns are the heads) joins the tie
+    of the attention's labels, its scale fixed (the softmax is not homogeneous); fixed scores (heads that
+    cannot move) fix it. Anything else is refused."""
+    segs = st.segs if isinstance(st, State) else ()
+    if not (isinstance(st, State) and len(segs) == 1 and segs[0].inner == 1
+            and (not isinstance(scores, Scores) or (st.axis + shift == scores.axis
+                                                    and segs[0].n == scores.heads))):
+        raise w.refuse(node, "labelled features added to attention scores, other than one label of one "
+                       "entry per head on the heads' axis", "add to the scores only tensors indexed by "
+                       "heads and positions (a per-head bias looked up in a table whose columns are the "
+                       "heads)")
+    w.scale_uf.union(segs[0].scale, FIXED)
+    if isinstance(scores, Scores):
+        w.grouped.append((scores.follows, segs[0].perm, scores.heads))
+    else:
+        w.fix(st)
+    return scores
+
+
+def where(w, node, op=None):
+    """``torch.where(c, a, b)`` with attention scores as a branch (a mask written as a selection): the
+    condition and the other branch act on the scores as a mask or a bias added to them do (per head they
+    tie or pin the heads). Features split into heads are refused."""
+    args = [w.arg(node, i, k) for i, k in enumerate(("condition", "input", "other"))]
+    args = [a for a in args if isinstance(a, torch.fx.Node) and w.shape(a) is not None]
+    states = [w.states.get(a) for a in args]
+    if any(isinstance(s, Grid) for s in states):
+        raise w.refuse(node, "a selection (where) of features split into heads",
+                       "merge the heads back first, or select on the attention scores")
+    nd = len(w.shape(node))
+    main_arg = next(a for a, s in zip(args, states, strict=True) if isinstance(s, Scores))
+    main = w.states[main_arg]
+    scores = Scores(main.axis + nd - len(w.shape(main_arg)), main.heads, main.follows)
+    for a in args:
+        if a is not main_arg:
+            scores = _add_to_scores(w, node, scores, a, nd)
     return scores
 
 

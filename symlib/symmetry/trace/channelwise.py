@@ -12,6 +12,9 @@ that picks these rules is :mod:`~symlib.symmetry.trace.rules`.
   keeps the scale of one factor, the other's fixed; ``a / b`` keeps ``a``'s scale; a number added fixes the
   scale, a number multiplied keeps it. A parameter of the model used in such an operation (a layer-scale
   vector, a bias) moves with the channels it meets.
+* ``torch.where(c, a, b)`` with a fixed condition that is the same on every channel (a mask over
+  positions): the branches' labels merge as a sum's do; a condition that varies along the channels fixes
+  them, and a branch that is a nonzero number or a fixed tensor fixes the scale.
 * mean / sum / amax over positions (a global pool): the labels stay on their axis; over the channel axis,
   a statistic of the whole feature vector (below).
 * ``torch.cat`` along the channel axis lays its parts' labels end to end (``Action.start``); along another
@@ -173,6 +176,57 @@ def elementwise(w, node, op: str) -> State:
         elif isinstance(st, Attr) and op == "add":
             w.fix_scales(State(axis, segs), node.name, "adds a constant, which breaks positive homogeneity")
     return State(axis, tuple(segs), main.producer)
+
+
+def where(w, node, op=None) -> State:
+    r"""``torch.where(c, a, b)``: entry by entry ``a`` where ``c`` holds, else ``b``.
+
+    A fixed condition that is the same on every channel (a mask over positions) commutes with a
+    permutation :math:`P` of the channels, :math:`\mathrm{where}(c, Pa, Pb) = P\,\mathrm{where}(c, a, b)`,
+    so the branches' labels merge as a sum's do (a fixed branch that varies along the channels fixes
+    them). A condition that varies along the labelled channels selects per channel: the labels are fixed.
+    Scales: :math:`\mathrm{where}(c, \lambda a, \lambda b) = \lambda\,\mathrm{where}(c, a, b)`, so the
+    branches' scales merge; a branch that is a number other than 0, or a fixed tensor, fixes them. A
+    labelled condition is refused."""
+    out_shape = tuple(w.shape(node))
+    nd = len(out_shape)
+    cond, a, b = (w.arg(node, i, k) for i, k in enumerate(("condition", "input", "other")))
+    if isinstance(cond, torch.fx.Node) and not w.is_fixed(w.states.get(cond)):
+        raise w.refuse(node, "a selection (where) by a condition computed from labelled channels",
+                       "compute the condition from unlabelled tensors (positions, masks)")
+    branches, constant = [], False
+    for arg in (a, b):
+        if not isinstance(arg, torch.fx.Node) or w.shape(arg) is None:
+            constant |= arg not in (0, 0.0, False)
+            continue
+        st = w.states.get(arg)
+        branches.append((st, (1,) * (nd - len(w.shape(arg))) + tuple(w.shape(arg)), nd - len(w.shape(arg))))
+    labelled = [(st, off) for st, _, off in branches if isinstance(st, State) and not w.is_fixed(st)]
+    if not labelled:
+        return UNLABELLED
+    axes = {st.axis + off for st, off in labelled}
+    if len(axes) != 1:
+        raise w.refuse(node, "a selection (where) between tensors labelled on different axes",
+                       "select between tensors with the same layout")
+    axis = axes.pop()
+    size = out_shape[axis]
+    main = labelled[0][0]
+    segs = main.segs
+    for st, shape, _ in branches:
+        if st is main or shape[axis] == 1:
+            continue
+        fixed = not (isinstance(st, State) and not w.is_fixed(st))
+        constant |= fixed
+        segs = w.merge(segs, w.segments(None if fixed else st, size), node)
+    constant |= any(shape[axis] == 1 and not (isinstance(st, State) and not w.is_fixed(st))
+                    for st, shape, _ in branches)
+    out = State(axis, tuple(segs), main.producer)
+    c_shape = w.shape(cond) if isinstance(cond, torch.fx.Node) else None
+    if c_shape is not None and ((1,) * (nd - len(c_shape)) + tuple(c_shape))[axis] != 1:
+        w.fix(out)  # the selection differs between channels: they cannot move
+    if constant:
+        w.fix_scales(out, node.name, "selects a constant, which breaks positive homogeneity")
+    return out
 
 
 def _attr_actions(w, node, attr: Attr, segs, axis: int, with_scale: bool) -> None:

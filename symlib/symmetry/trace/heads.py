@@ -21,10 +21,13 @@ rotations commute). So no permutation of a head's query-key features survives (i
 another frequency; swapping the two entries of a pair is a reflection, which turns :math:`R_\delta` into
 :math:`R_{-\delta}`), while the heads still move (every head has the same frequencies). What survives per
 head of queries and keys: :math:`(\mathbb{C}^\times)^{d/2}`, :math:`d` real dimensions (:math:`d/2`
-angles, :math:`d/2` scales) instead of :math:`GL(d)`'s :math:`d^2`. The spec keeps the head permutations;
-the spec's continuous groups (``Spec.continuous``, :math:`GL(k)` per block) cannot express these
-:math:`2\times 2` blocks, so they are not recorded (counted in the book's closed forms: :math:`d` per
-query-key head). Values and the output projection keep their in-head permutations and :math:`GL(d_v)`.
+angles, :math:`d/2` scales) instead of :math:`GL(d)`'s :math:`d^2`. The spec keeps the head permutations,
+and records these :math:`2\times 2` blocks apart from ``Spec.continuous`` (:math:`GL(k)` per block), in
+``Spec.rotary`` (:class:`~symlib.symmetry.spec.Rotary`): when ``rotate_half``'s two halves make whole heads
+of queries and of keys (:func:`_mark_rotate_half`), their product records the rows that produce them
+(:func:`_record_rotary`). Under grouped-query attention one key head serves :math:`r` query heads, so the
+group is :math:`(\mathbb{C}^\times)^{d/2}` per key-value head, acting alike on its :math:`r` query heads.
+Values and the output projection keep their in-head permutations and :math:`GL(d_v)`.
 
 **Grouped-query attention** (``repeat_kv``: keys and values of :math:`g` heads expanded to
 :math:`g \times r` query heads, or ``scaled_dot_product_attention(..., enable_gqa=True)``): query head
@@ -222,6 +225,7 @@ def cat(w, node, op=None):
     if any(not heads_only(s) and not w.is_fixed(s) for s in states) or \
             len({s.segs[0].n for s in states}) != 1:
         raise w.refuse(node, "a concatenation of heads that differ in number", "this is unexpected")
+    _mark_rotate_half(w, states, k)
     labelled = [s for s in states if not w.is_fixed(s)]
     for s in labelled[1:]:
         w.perm_uf.union(labelled[0].segs[0].perm, s.segs[0].perm)
@@ -230,6 +234,38 @@ def cat(w, node, op=None):
     n = states[0].segs[0].n
     base = labelled[0].segs[0].perm if labelled else FIXED
     return Grid(axes, tuple(sizes), (Seg(base, FIXED, n, math.prod(sizes) // n),), states[0].producer)
+
+
+def _mark_rotate_half(w, states, k: int) -> None:
+    """``rotate_half``: the two halves of every head side by side, along the head's features
+    (``torch.cat((-x2, x1), -1)``): when the halves make whole heads (every feature rotates), the heads label
+    is rotated (``Records.rotated``), and a product of rotated queries and keys records a rotary group
+    (:func:`pair`)."""
+    if len(states) != 2 or k != len(states[0].sizes) - 1 or states[0].sizes[k] != states[1].sizes[k]:
+        return
+    width = 2 * states[0].sizes[k]
+    for st in states:
+        if w.is_fixed(st):
+            continue
+        root = w.perm_uf.find(st.segs[0].perm)
+        inner = {a.inner for a in w.actions if a.perm is not None and w.perm_uf.find(a.perm) == root}
+        if inner == {width}:
+            w.rotated.add(root)
+
+
+def _record_rotary(w, sq: Seg, sk: Seg, d: int) -> None:
+    """Rotated queries meet rotated keys (:func:`_mark_rotate_half` saw both): the actions that produce them,
+    before they tie, are the rows the rotary group acts on (``Records.rotary``, ``Spec.rotary``)."""
+    uf = w.perm_uf
+    rq, rk = uf.find(sq.perm), uf.find(sk.perm)
+    rotated = {uf.find(x) for x in w.rotated}
+    if FIXED in (rq, rk) or rq not in rotated or rk not in rotated:
+        return
+
+    def rows(root):
+        return [a for a in w.actions if a.perm is not None and uf.find(a.perm) == root]
+
+    w.rotary.append((rows(rq), rows(rk), d))
 
 
 def expand(w, node, op=None):
@@ -282,7 +318,8 @@ def _tie(w, node, a: Seg, b: Seg) -> None:
 
 def pair(w, node, q, k) -> Scores:
     """Queries times keys where one side moves only as whole heads (rotary embeddings, repeated keys): the
-    other side is collapsed too, and the heads tie; no continuous group is recorded (module docstring)."""
+    other side is collapsed too, and the heads tie; rotated queries and keys record their rotary group
+    (module docstring)."""
     (sq, hq, dq, aq), (sk, hk, dk, ak) = q, k
     if (hq, dq, aq) != (hk, dk, ak):
         raise w.refuse(node, f"queries of {hq} heads of {dq} and keys of {hk} heads of {dk}",
@@ -291,6 +328,7 @@ def pair(w, node, q, k) -> Scores:
     sk = collapse_label(w, node, sk, dk) if sk.inner == 1 else sk
     for s in (sq, sk):
         w.scale_uf.union(s.scale, FIXED)
+    _record_rotary(w, sq, sk, dq)
     _tie(w, node, sq, sk)
     return Scores(len(w.shape(node)) + aq, hq, w.perm_uf.find(sq.perm))
 

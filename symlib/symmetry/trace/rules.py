@@ -146,6 +146,7 @@ _ROWS: list[tuple[tuple, Rule]] = [
      Rule(channelwise.norm_mul, **_ARITH)),
     ((operator.truediv, operator.itruediv, torch.div, ".div", ".div_", ".__truediv__", ".__itruediv__"),
      Rule(channelwise.div, **_ARITH)),
+    ((torch.where,), Rule(channelwise.where, grid=attention.where, scores=attention.where)),
     ((torch.mean, torch.amax, torch.sum, ".mean", ".amax", ".sum"), Rule(channelwise.norm_reduce)),
     ((torch.cat, torch.concat, torch.concatenate), Rule(channelwise.cat, grid=heads.cat)),
     ((F.pad, "constant_pad_nd", ".pad"), Rule(channelwise.pad)),
@@ -211,7 +212,7 @@ ATEN = {
     "max_pool1d": F.max_pool1d, "max_pool2d": F.max_pool2d, "max_pool3d": F.max_pool3d,
     "avg_pool1d": F.avg_pool1d, "avg_pool2d": F.avg_pool2d, "avg_pool3d": F.avg_pool3d,
     "adaptive_avg_pool1d": F.adaptive_avg_pool1d, "adaptive_avg_pool2d": F.adaptive_avg_pool2d,
-    "adaptive_avg_pool3d": F.adaptive_avg_pool3d,
+    "adaptive_avg_pool3d": F.adaptive_avg_pool3d, "where": torch.where,
 }
 ATEN_METHODS = {"clone", "alias", "contiguous", "detach", "lift_fresh_copy", "masked_fill", "expand"}
 

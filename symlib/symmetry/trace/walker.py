@@ -11,7 +11,7 @@ the walker. The rules write through the walker's bookkeeping (:meth:`Walker.new`
 
 What a walk records is a :class:`Records`: the union-finds of the permutation and scaling labels, the
 actions on the labels as they were when recorded, and the facts the spec needs besides (weights, layers
-without scalings, tied heads, attention labels). ``assemble`` (in :mod:`symlib.symmetry.trace`) turns it
+without scalings, tied heads, attention labels). ``assemble`` (in :mod:`symlib.symmetry.trace.build`) turns it
 into the :class:`~symlib.symmetry.spec.Spec`; the walker knows nothing of that.
 """
 
@@ -59,7 +59,7 @@ def _where(node) -> str:
 
 @dataclasses.dataclass
 class Records:
-    """What a walk records, and all that ``assemble`` (:mod:`symlib.symmetry.trace`) reads.
+    """What a walk records, and all that ``assemble`` (:mod:`symlib.symmetry.trace.build`) reads.
 
     Attributes:
         perm_uf, scale_uf: the permutation and scaling labels, merged and cut as the rules said.
@@ -75,6 +75,10 @@ class Records:
         norms: the weight of every LayerNorm (``"layer"``) and RMSNorm (``"rms"``) with one (``Spec.norms``).
         opaque: the operations with parameters but no rule that read unlabelled tensors (the input): their
             results carry no label, so the symmetries of their outputs are missed (``SmallSpecWarning``).
+        rotated: heads labels of features multiplied by a factor that varies along each head's features
+            (rotary embeddings' ``cos`` and ``sin``).
+        rotary: ``(query actions, key actions, per_head)`` of every product of rotated queries and keys:
+            the actions on the rows that produce them when they met (``Spec.rotary``).
     """
 
     perm_uf: UnionFind = dataclasses.field(default_factory=UnionFind)
@@ -88,6 +92,8 @@ class Records:
     output_producers: list[str | None] = dataclasses.field(default_factory=list)
     norms: dict[str, str] = dataclasses.field(default_factory=dict)
     opaque: list[str] = dataclasses.field(default_factory=list)
+    rotated: set[str] = dataclasses.field(default_factory=set)
+    rotary: list[tuple[list[Action], list[Action], int]] = dataclasses.field(default_factory=list)
 
 
 class Walker(Records):
