@@ -284,6 +284,13 @@ def _run(argv, capsys):
     return rc, out.out, out.err
 
 
+def test_the_command_line_offers_every_way_of_matching():
+    from symlib.cli import merge as cli_merge
+    from symlib.symmetry import merge as merging
+
+    assert cli_merge.HOWS == merging.HOWS
+
+
 @pytest.mark.parametrize("how", ["none", "weights", "activations"])
 def test_cli_merge_writes_what_python_merges(how, files, trained, digits, tmp_path, capsys):
     model, spec, (a, b) = trained["mlp"]

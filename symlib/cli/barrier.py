@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from symlib.cli import sources
+from symlib.cli.merge import HOWS, add_matching_options
 
 
 def add_parser(sub) -> None:
@@ -24,12 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--how", default="none,weights", metavar="LIST",
                    help="comma-separated alignments, each measured: none, weights, activations (activation "
                         "matching on the embedded MNIST training digits); default none,weights")
-    p.add_argument("--orthogonal", action="store_true",
-                   help="also rotate B's residual stream and each attention head onto A's (pre-norm "
-                        "transformers; nothing to rotate otherwise)")
     p.add_argument("--points", type=int, default=11, metavar="N",
                    help="evenly spaced t from 0 to 1, the ends included (default 11)")
-    p.add_argument("--seed", type=int, default=0, help="of the weight matching's visiting order")
+    add_matching_options(p)
     p.add_argument("--json", action="store_true", help="print the numbers (every t too) as JSON")
     sources.add_arguments(p)
 
@@ -38,7 +36,6 @@ def run(args) -> None:
     """Carry out a parsed ``symlib barrier ...`` command (:func:`symlib.cli.main` reports its errors)."""
     from symlib.cli.merge import matching_batch, read_pair
     from symlib.stats import barrier
-    from symlib.symmetry.merge import HOWS
 
     hows = [h.strip() for h in args.how.split(",") if h.strip()]
     bad = [h for h in hows if h not in HOWS]

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from symlib.cli import sources
 
+HOWS = ("none", "weights", "activations")
+"""The ways of matching, as ``symlib.symmetry.merge.HOWS`` (written out: parsing imports no torch)."""
 HOW_HELP = ("none (the plain average), weights (weight matching) or activations (activation matching on "
             "the embedded MNIST training digits)")
+
+
+def add_matching_options(p) -> None:
+    """The options ``merge`` and ``barrier`` share: ``--orthogonal`` and ``--seed``."""
+    p.add_argument("--orthogonal", action="store_true",
+                   help="also rotate B's residual stream and each attention head onto A's (pre-norm "
+                        "transformers; nothing to rotate otherwise)")
+    p.add_argument("--seed", type=int, default=0, help="of the weight matching's visiting order")
 
 
 def add_parser(sub) -> None:
@@ -23,13 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("a", help="the first network (a checkpoint file or folder; its neurons keep their order)")
     p.add_argument("b", help="the second network (matched to A before the average)")
     p.add_argument("--to", required=True, help="the folder to create (must not exist, or be empty)")
-    p.add_argument("--how", choices=("none", "weights", "activations"), default="weights", help=HOW_HELP)
-    p.add_argument("--orthogonal", action="store_true",
-                   help="also rotate B's residual stream and each attention head onto A's (pre-norm "
-                        "transformers; nothing to rotate otherwise)")
+    p.add_argument("--how", choices=HOWS, default="weights", help=HOW_HELP)
     p.add_argument("--t", type=float, default=0.5, metavar="T",
                    help="weight of B in the average (default 0.5; 0: A, 1: B matched to A)")
-    p.add_argument("--seed", type=int, default=0, help="of the weight matching's visiting order")
+    add_matching_options(p)
     sources.add_arguments(p)
 
 

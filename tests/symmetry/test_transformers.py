@@ -32,7 +32,7 @@ import torch
 import transformer_nets
 from transformer_nets import cast, decided, gen, max_diff
 
-from symlib.symmetry import align, canonical, check, continuous, counting, ops
+from symlib.symmetry import align, biases, canonical, check, continuous, counting, ops
 from symlib.symmetry.spec import SymmetryError
 from symlib.symmetry.trace import spec_of
 
@@ -63,6 +63,10 @@ def test_group_element_keeps_the_function(name, dtype):
     assert float(check.function_error(spec, theta, turned)) < tol
     shifted = continuous.shift_biases(theta, spec, continuous.random_shifts(spec, gen(3), dtype))
     assert float(check.function_error(spec, theta, shifted)) < tol
+    if spec.shifts:  # the redundant biases outside attention, wherever the trace found them
+        moved = biases.shift(theta, spec, biases.random_shifts(spec, gen(4), dtype=dtype))
+        assert max_diff(moved, theta) > 1e-2
+        assert float(check.function_error(spec, theta, moved)) < tol
 
 
 def _query_rows(spec, label):
