@@ -152,3 +152,18 @@ def decided(canon: dict, theta: dict, spec, dtype) -> list[str]:
         ambiguous = {k for k, m in canonical.margins(theta, spec).items() if float(m) < DECIDED}
         skip = {a.param for a in spec.actions if a.perm in ambiguous}
     return [k for k in canon if k not in skip and canon[k].is_floating_point()]
+
+
+def canonical_pair(theta: dict, spec, seed: int, check: bool = True) -> tuple[dict, dict]:
+    """The canonical forms of ``theta`` and of ``theta`` moved by a random group element (``seed``), with
+    ``AmbiguousCanonicalForm`` silenced: the tests check the tensors whose order is decided (:func:`decided`).
+    ``check=False`` skips canonicalize's own float64 function check, which float32 RMSNorms fail by
+    rounding (the tests check the function with their own tolerance)."""
+    import warnings
+
+    from symlib.symmetry import canonical, ops
+
+    moved = ops.act(ops.random_element(spec, "both", generator=gen(seed)), theta, spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)
+        return tuple(canonical.canonicalize(t, spec, check=check) for t in (theta, moved))
