@@ -149,7 +149,8 @@ class Grouped(nn.Module):
 def _transformer(name: str):
     """``(model, spec, batch)`` of a float64 attention model with random weights: the chapter's TinyViT
     (``nn.MultiheadAttention``), and Hugging Face ViT (separate query, key, value), GPT-2 (fused ``Conv1D``
-    projections, tied embeddings) and Llama (rotary heads in two key-value groups) from their configs."""
+    projections, tied embeddings), Llama (rotary heads in two key-value groups) and T5 (a position-bias
+    table of one column per head, tied with the heads of every layer) from their configs."""
     torch.manual_seed(0)
     if name == "grouped":
         model = Grouped().double().eval()
@@ -170,6 +171,10 @@ def _transformer(name: str):
     if name == "gpt2":
         cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50, n_positions=16)
         model = transformers.GPT2LMHeadModel(cfg).double().eval()
+    elif name == "t5":
+        cfg = transformers.T5Config(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, vocab_size=50,
+                                    relative_attention_num_buckets=8)
+        model = transformers.T5EncoderModel(cfg).double().eval()
     else:
         cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, intermediate_size=64, vocab_size=50,
@@ -180,12 +185,19 @@ def _transformer(name: str):
         return model, symlib.spec_of(model, (8,), vocab=50), tokens
 
 
-@pytest.mark.parametrize("name", ["grouped", "tinyvit", "hf-vit", "gpt2", "llama"])
+@pytest.mark.parametrize("name", ["grouped", "tinyvit", "hf-vit", "gpt2", "llama", "t5"])
 def test_activation_matching_moves_heads_and_groups_as_blocks(name):
     """Labels with blocks (attention heads, with rotary heads and grouped-query attention in Llama; the
-    groups of a grouped convolution): a copy permuted by a random element of the group, which moves
-    whole blocks and the features inside them, comes back exactly by activation matching."""
+    groups of a grouped convolution; T5's position-bias table, which follows the heads): a copy permuted by
+    a random element of the group, which moves whole blocks and the features inside them, comes back
+    exactly by activation matching; on the command line a text model is matched on random token ids."""
+    from symlib.cli.merge import MATCHING_TOKENS, matching_batch
+
     model, spec, x = _transformer(name)
+    if spec.vocab is not None:
+        tokens = matching_batch(spec)
+        assert tokens.shape == (MATCHING_TOKENS, *spec.input_shape) and not tokens.is_floating_point()
+        assert 0 <= int(tokens.min()) and int(tokens.max()) < spec.vocab
     assert spec.blocks
     theta = {k: v.detach().clone() for k, v in model.state_dict().items()}
     moved = _permuted(theta, spec, seed=3)

@@ -43,6 +43,11 @@ def run(args) -> None:
         raise ValueError(f"--how {args.how!r}: pass a comma-separated list among {list(HOWS)}, e.g. "
                          f"none,weights")
     a, b, recipe, spec, model = read_pair(args)
+    if spec.vocab is not None:
+        raise ValueError(f"{recipe.name} reads token ids: symlib barrier measures the loss and accuracy on "
+                         f"the embedded MNIST test digits, which a text model cannot read; call "
+                         f"symlib.barrier(a, b, model, data=(tokens, targets)) in Python with data of your "
+                         f"task (symlib merge --how activations works on text models)")
     data = barrier.default_data()
     batch = matching_batch(spec) if "activations" in hows else None
     results = [barrier.barrier(a, b, model, data, spec, align=h, n_points=args.points,

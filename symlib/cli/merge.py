@@ -8,7 +8,7 @@ from symlib.cli import sources
 HOWS = ("none", "weights", "activations")
 """The ways of matching, as ``symlib.symmetry.merge.HOWS`` (written out: parsing imports no torch)."""
 HOW_HELP = ("none (the plain average), weights (weight matching) or activations (activation matching on "
-            "the embedded MNIST training digits)")
+            "the embedded MNIST training digits; on 256 random token sequences for a text model)")
 
 
 def add_matching_options(p) -> None:
@@ -73,12 +73,23 @@ def read_pair(args):
     return a, b, recipe.with_shape(spec.input_shape), spec, recipe.build()
 
 
+MATCHING_TOKENS = 256
+"""Sequences of token ids activation matching reads on the command line for a network that reads tokens."""
+
+
 def matching_batch(spec):
     """The inputs activation matching reads on the command line: the embedded MNIST training digits, in
-    the network's input shape."""
+    the network's input shape; for a network that reads token ids (``spec.vocab``, a text model),
+    :data:`MATCHING_TOKENS` sequences of the traced length drawn uniformly from the vocabulary (seed 0):
+    matching compares how two networks' features respond to the same inputs, which any tokens exercise."""
+    import torch
+
     from symlib import data
     from symlib.stats.barrier import fit_inputs
 
+    if spec.vocab is not None:
+        gen = torch.Generator().manual_seed(0)
+        return torch.randint(0, spec.vocab, (MATCHING_TOKENS, *spec.input_shape), generator=gen)
     return fit_inputs(spec.input_shape, data.load("mnist", "train").x)
 
 

@@ -87,3 +87,23 @@ def test_a_decoder_with_a_cache_is_traced_and_keeps_its_setting():
     model = _gpt2(0)
     spec = symlib.spec_of(model, (8,), vocab=40)
     assert spec.perms and model.config.use_cache  # switched off while tracing only
+
+
+def test_merge_and_barrier_of_text_models(gpt2_sets, tmp_path, capsys):
+    """``symlib merge --how activations`` matches two GPT-2 folders on random token ids (the embedded digits
+    are images) and writes what ``symlib.merge`` returns on those tokens; ``symlib barrier``, which measures
+    on the embedded digits, refuses a text model and says how to measure one in Python."""
+    from symlib.cli.merge import matching_batch
+
+    a, b = gpt2_sets / "a" / "seed0", gpt2_sets / "a" / "seed1"
+    rc, out, err = _run(["merge", a, b, "--to", tmp_path / "m", "--how", "activations"], capsys)
+    assert rc == 0, err
+    got, _ = symlib.load(tmp_path / "m")
+    model = _gpt2(0).eval()
+    spec = symlib.spec_of(model, (8,), vocab=40, scalings="partial")
+    sa, sb = (transformers.GPT2LMHeadModel.from_pretrained(p).state_dict() for p in (a, b))
+    want = symlib.merge(sa, sb, spec, how="activations", batch=matching_batch(spec), model=model)
+    assert all(torch.equal(got[k][0], want[k]) for k in want)
+    rc, out, err = _run(["barrier", a, b], capsys)
+    assert rc == 2 and "reads token ids" in err
+    assert "symlib.barrier(a, b, model, data=(tokens, targets))" in err

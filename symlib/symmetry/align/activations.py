@@ -16,7 +16,9 @@ of the weights that produce them:
   cannot move inside it) compares entries by :math:`C_{ij} = \sum_{t<m} \mathrm{corr}(z^a_{i,t},
   z^b_{j,t})`.
 
-A label without blocks takes :math:`P = \arg\max_P \sum_i C_{i,P(i)}`, one linear assignment
+A label whose features no layer outputs but which holds one entry per block of a tie (T5's relative
+position bias table, one column per head) takes the tie's block permutation. A label without blocks
+takes :math:`P = \arg\max_P \sum_i C_{i,P(i)}`, one linear assignment
 (``scipy.optimize.linear_sum_assignment``). A label whose permutations respect ``G`` blocks (attention
 heads, groups of a grouped convolution; ``Spec.blocks``) is matched in two levels, as heads are in
 the model-merging literature: the score of pairing block :math:`g` of ``a`` with block :math:`h` of
@@ -156,8 +158,26 @@ def _assign(cost: np.ndarray) -> tuple[np.ndarray, float]:
     return cols, float(cost[rows, cols].sum())
 
 
-def _blockwise(corrs: dict[str, np.ndarray], groups: int, movable: bool) -> dict[str, np.ndarray]:
-    """Two-level assignment of labels that share one block permutation (module docstring)."""
+def _followers(spec: Spec, where: dict[str, list[_Opener]]) -> set[str]:
+    """Labels without recorded features that follow their tie's block permutation alone: one entry per
+    block (a table of one column per head, as T5's relative position bias), tied with a label whose
+    features are recorded and that has as many blocks."""
+    out = set()
+    for tie, labels in spec.tie_classes().items():
+        if tie is None:
+            continue
+        for q in labels:
+            g = spec.blocks[q][0]
+            seen = any(where[x] and spec.blocks[x][0] == g for x in labels)
+            if not where[q] and spec.perms[q] == g and seen:
+                out.add(q)
+    return out
+
+
+def _blockwise(corrs: dict[str, np.ndarray], groups: int, movable: bool,
+               followers: list[str] = ()) -> dict[str, np.ndarray]:
+    """Two-level assignment of labels that share one block permutation (module docstring); each of
+    ``followers`` (one entry per block) takes the block permutation itself."""
     inside: dict[tuple[str, int, int], np.ndarray] = {}
     score = np.zeros((groups, groups))
     pairs = [(g, h) for g in range(groups) for h in range(groups) if movable or g == h]
@@ -172,6 +192,7 @@ def _blockwise(corrs: dict[str, np.ndarray], groups: int, movable: bool) -> dict
     for label, c in corrs.items():
         k = c.shape[0] // groups
         out[label] = np.concatenate([sigma[g] * k + inside[label, g, sigma[g]] for g in range(groups)])
+    out.update({label: np.asarray(sigma) for label in followers})
     return out
 
 
@@ -198,8 +219,9 @@ def activation_perms(a: Params, b: Params, spec: Spec, model: nn.Module, batch: 
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         raise ValueError("batch must be a tensor of inputs (n, *input_shape), or (inputs, targets)")
     where = openers(spec, model)
+    followers = _followers(spec, where)
     for label, ops in where.items():
-        if not ops:
+        if not ops and label not in followers:
             raise SymmetryError(
                 f"label {label!r} is written by no Linear, convolution, Conv1D or MultiheadAttention "
                 f"projection whose outputs could be recorded, so activation matching cannot see its "
@@ -211,7 +233,7 @@ def activation_perms(a: Params, b: Params, spec: Spec, model: nn.Module, batch: 
     every = [op for ops in where.values() for op in ops]
     za, zb = _record(model, a, x, every), _record(model, b, x, every)
     corrs = {label: sum(_correlation(za[op], zb[op]) for op in ops).cpu().numpy()
-             for label, ops in where.items()}
+             for label, ops in where.items() if ops}
     cols: dict[str, np.ndarray] = {}
     for label, c in corrs.items():
         if label not in spec.blocks:
@@ -219,6 +241,7 @@ def activation_perms(a: Params, b: Params, spec: Spec, model: nn.Module, batch: 
     for tie, labels in spec.tie_classes().items():
         for groups in sorted({spec.blocks[q][0] for q in labels}):
             same = [q for q in labels if spec.blocks[q][0] == groups]
-            cols.update(_blockwise({q: corrs[q] for q in same}, groups, movable=tie is not None))
+            cols.update(_blockwise({q: corrs[q] for q in same if q in corrs}, groups, movable=tie is not None,
+                                   followers=[q for q in same if q in followers]))
     return {label: torch.as_tensor(np.asarray(cols[label]), dtype=torch.long, device=ref.device)
             for label in spec.perms}
