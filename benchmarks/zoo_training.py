@@ -6,7 +6,10 @@ of epochs. Prints model-epochs per second for both, their ratio, and the fractio
 FLOP rate that each reaches; the last line is ``speedup: <ratio>x``.
 
 Peak FLOP rate (an estimate, stated as such): cores x clock x FP32 FLOPs per cycle and core, with
-32 FLOPs/cycle for AVX-512 (one 16-lane FMA unit), 16 for AVX2 + FMA, 8 otherwise. Useful FLOPs per
+32 FLOPs/cycle for AVX-512 (one 16-lane FMA unit, or two 8-lane ones as on AMD Zen 4) and for AVX2 + FMA
+(two 8-lane FMA units, as in every such core since Intel Haswell and AMD Zen 2), 8 otherwise. The compiled
+kernel's target is printed too (``-march=native``, or ``$SYMLIB_KERNEL_MARCH``: ``x86-64-v3`` builds the AVX2
+kernel on an AVX-512 machine, whose share of the same cores' peak can then be compared). Useful FLOPs per
 image are those of the direct convolutions (conv1 40,000, conv2 8,000, linear 200 multiply-adds x 2),
 and a training step counts 3x the forward pass.
 
@@ -62,7 +65,7 @@ def peak_flops(cores: int) -> tuple[float, str]:
     except OSError:
         info = ""
     flags = set(re.search(r"^flags\s*:(.*)$", info, re.M).group(1).split()) if "flags" in info else set()
-    per_cycle = 32 if "avx512f" in flags else 16 if {"avx2", "fma"} <= flags else 8
+    per_cycle = 32 if "avx512f" in flags or {"avx2", "fma"} <= flags else 8
     ghz = re.search(r"@\s*([\d.]+)\s*GHz", info)
     if ghz:
         clock = float(ghz.group(1))
@@ -127,7 +130,8 @@ def main() -> None:
         from symlib import kernels
 
         why = kernels.unavailable_reason()
-        note = f" (native kernel unavailable: {why})" if why else " (compiled kernel)"
+        march = next((f for f in kernels.flags() if f.startswith("-march=")), "")
+        note = f" (native kernel unavailable: {why})" if why else f" (compiled kernel, {march})"
         print(f"stacked step: {step}{note}")
     else:
         print(f"stacked step: {step}")

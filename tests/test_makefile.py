@@ -78,11 +78,11 @@ def dry_run(target: str, *args: str) -> str:
 
 
 def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
-    """`make check`: ruff, the unit tests, every chapter at scale=tiny, the strict book, in that order,
+    """`make check`: ruff, the unit tests, then every chapter at scale=tiny with the strict book beside them,
     stopping at the first failure (the phases of `make test`), listed in `make help`."""
-    assert show("$(CHECK_PHASES)") == ["lint", "unit", "check-chapters", "book-check"]
+    assert show("$(CHECK_PHASES)") == ["lint", "unit", "check-tiny-and-book"]
     script = dry_run("check")
-    assert "for phase in lint unit check-chapters book-check; do" in script
+    assert "for phase in lint unit check-tiny-and-book; do" in script
     assert "phase times" in script  # the phases macro: stops at the first failure, then reports
     assert "ruff check symlib tests benchmarks" in dry_run("lint")
     unit = dry_run("unit")
@@ -91,7 +91,12 @@ def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
     assert "jupyter-book build . -W -n --keep-going" in book and "pytest" in book and "tests/book" in book
     lines = (ROOT / "Makefile").read_text().splitlines()
     phony = " ".join(line.split(":", 1)[1] for line in lines if line.startswith(".PHONY:")).split()
-    assert {"check", "check-chapters"} <= set(phony)
+    assert {"check", "check-chapters", "check-tiny-and-book"} <= set(phony)
+    both = dry_run("check-tiny-and-book", "CACHES_READY=1")  # the book's dry run goes to its log
+    assert "papermill" in both and "-p scale tiny" in both and "jupyter-book build" not in both
+    log = (ROOT / show("$(CHECK_DIR)")[0] / "book-check.log").read_text()
+    assert "jupyter-book build . -W -n --keep-going" in log and "tests/book" in log
+    assert "== the tiny chapters: green" in both and "== the strict book and its checks: green" in both
     assert "make check" in subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
                                           check=True).stdout
 

@@ -14,7 +14,9 @@ Two C++ kernels, compiled together into one library:
 The sources are compiled on first use with the system's C++ compiler (``$CXX``, else ``g++``, else ``c++``)
 for the machine it runs on (``-O3 -march=native``) into the kernel cache, ``$SYMLIB_KERNEL_CACHE`` or
 ``~/.cache/symlib/kernels``, keyed by a hash of the source, the flags, the compiler and the CPU, written
-atomically; later calls and processes load the cached library. Where no compiler works,
+atomically; later calls and processes load the cached library. ``$SYMLIB_KERNEL_MARCH`` replaces
+``native`` with another ``-march`` target (``x86-64-v3``: AVX2 and FMA without AVX-512, the code an AVX2
+machine builds; useful for a library shared by the nodes of a mixed cluster). Where no compiler works,
 :func:`available` is ``False`` (with the reason in :func:`unavailable_reason`) and the callers fall back
 to their PyTorch (trainer) or numpy (pairwise MI) paths. ``SYMLIB_NATIVE=0`` disables the kernels.
 
@@ -39,6 +41,7 @@ import torch
 SOURCES = (Path(__file__).with_name("optunet_step.cpp"), Path(__file__).with_name("pairwise_xlogx.cpp"))
 HEADERS = (Path(__file__).with_name("vector_width.h"),)  # included by the sources: part of the cache key
 FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC"]
+MARCH_ENV = "SYMLIB_KERNEL_MARCH"
 KERNEL_VERSION = 2
 
 
@@ -46,6 +49,16 @@ def cache_dir() -> Path:
     """Where compiled kernels are kept: ``$SYMLIB_KERNEL_CACHE``, else ``~/.cache/symlib/kernels``."""
     env = os.environ.get("SYMLIB_KERNEL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "symlib" / "kernels"
+
+
+def flags() -> list[str]:
+    """The compiler flags: :data:`FLAGS`, with ``-march=$SYMLIB_KERNEL_MARCH`` where that is set."""
+    march = os.environ.get(MARCH_ENV, "").strip()
+    if not march:
+        return list(FLAGS)
+    if not all(c.isalnum() or c in "-_." for c in march):
+        raise RuntimeError(f"{MARCH_ENV}={march!r} is not a -march target (e.g. x86-64-v3 or native)")
+    return [f"-march={march}" if f == "-march=native" else f for f in FLAGS]
 
 
 def _compiler() -> str | None:
@@ -67,8 +80,9 @@ def _cpu_signature() -> str:
 def _build(cxx: str) -> Path:
     """Compile :data:`SOURCES` into one library (or find it compiled) and return its path."""
     src = b"\0".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    opts = flags()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode(),
+    key = hashlib.sha256(b"\0".join([src, " ".join(opts).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
     out = cache_dir() / f"symlib-kernels-{key}.so"
     if out.exists():
@@ -77,7 +91,7 @@ def _build(cxx: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cxx, *FLAGS, *map(str, SOURCES), "-o", tmp]
+        cmd = [cxx, *opts, *map(str, SOURCES), "-o", tmp]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"{cxx} failed on {[p.name for p in SOURCES]}:\n{res.stderr[-2000:]}")
@@ -102,6 +116,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     try:
         lib = ctypes.CDLL(str(_build(cxx)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        if os.environ.get(MARCH_ENV, "").strip():  # asked for by name: a refusal, not a silent fallback
+            raise RuntimeError(f"the kernels could not be built with {MARCH_ENV}="
+                               f"{os.environ[MARCH_ENV]!r}: {e}; unset it to build for this machine") from e
         return None, f"could not build or load the kernel: {e}"
     if lib.symlib_kernel_version() != KERNEL_VERSION:
         return None, f"kernel version {lib.symlib_kernel_version()} != {KERNEL_VERSION}"

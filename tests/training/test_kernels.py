@@ -134,6 +134,37 @@ def test_kernel_cache_is_reused(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
 
 
+def test_kernel_built_for_another_march(tmp_path, monkeypatch):
+    """$SYMLIB_KERNEL_MARCH builds for a named target (x86-64-v3: the AVX2 machines' 32-byte vectors) under a
+    key of its own, with the same results as autograd; a value that is no -march target is refused, not
+    silently replaced by the slow path."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64-v3 is an x86-64 target")
+    monkeypatch.setenv("SYMLIB_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv(kernels.MARCH_ENV, raising=False)
+    native = kernels._build(kernels._compiler())
+    monkeypatch.setenv(kernels.MARCH_ENV, "x86-64-v3")
+    assert "-march=x86-64-v3" in kernels.flags() and "-march=native" not in kernels.flags()
+    kernels._load.cache_clear()
+    try:
+        assert kernels.available() and kernels._build(kernels._compiler()) != native
+        theta = _stack([3, 4])
+        x, y, _ = _images(2, 19, 5, False)
+        loss, grads = kernels.optunet_loss_grads(theta, x, y)
+        ref, ref_grads = scenarios.optunet_reference(theta, x, y, None)
+        torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+        for k, rg in ref_grads.items():
+            torch.testing.assert_close(grads[k], rg, rtol=1e-10, atol=1e-12)
+        monkeypatch.setenv(kernels.MARCH_ENV, "x86-64-v3; rm")
+        kernels._load.cache_clear()
+        with pytest.raises(RuntimeError, match="SYMLIB_KERNEL_MARCH.*unset it"):
+            kernels.available()
+    finally:  # the next call builds (or finds) the library of the environment monkeypatch restores
+        kernels._load.cache_clear()
+
+
 def test_vectorised_log_is_within_an_ulp():
     """The kernels' float32 logarithm against float64 torch.log, over the whole normal range (the kernel's
     callers floor their inputs at the smallest normal float)."""
