@@ -38,12 +38,12 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 export SYMLIB_CACHE ?= $(CURDIR)/$(BUILD)/zoo-cache
 
 .PHONY: help env data zoo book chapters chapter static html html-both book-check test unit nbval lint bench clean lab
-.PHONY: check check-chapters check-tiny-and-book
+.PHONY: check check-chapters check-tiny-and-book unit-fast
 .PHONY: slides assignments grade cuda-check
 help:
 	@echo "make book   - environment + shared zoo + every chapter (SCALE=$(SCALE) DEVICE=$(DEVICE)) + HTML book"
 	@echo "make test   - environment + lint + unit/property tests + shared zoo + nbval + the strict book, both editions"
-	@echo "make check  - before every commit: lint + unit tests + every chapter at scale=tiny (build/check/) + the strict book"
+	@echo "make check  - before every commit: lint + unit tests (not the slow ones) + every chapter at scale=tiny (build/check/) + the strict book"
 	@echo "make zoo    - train (or check) the zoo and Table 1's sample sets the chapters share (SYMLIB_CACHE)"
 	@echo "make bench  - run every benchmark under benchmarks/"
 	@echo "make cuda-check - on a GPU: the CUDA tests, make zoo's caches on cuda, the GPU benchmarks"
@@ -132,11 +132,16 @@ chapters: $(VENV)/.installed
 	$(CHECK_CACHES)
 	echo "== $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each (scale=$(SCALE), device=$(DEVICE))"
 	start=$$(date +%s)
-	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} $(MAKE) -s --no-print-directory chapter CH={} THREADS=$(LANE_THREADS)
+	# every chapter's notebook in one process (the jupytext command's start-up costs 2.5 s a chapter)
+	$(PY) -c "import sys, jupytext; [jupytext.write(jupytext.read(f'notebooks/{c}.md'), f'{sys.argv[1]}/{c}.ipynb') \
+	  for c in sys.argv[2:]]" $(NB_DIR) $(CHAPTERS)
+	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} $(MAKE) -s --no-print-directory chapter CH={} THREADS=$(LANE_THREADS) \
+	  CONVERTED=1
 	echo "== chapters done in $$(( $$(date +%s) - start )) s"
 
-# One chapter: jupytext, papermill with the parameters, the parameters folded, book/$(CH).ipynb
-# (NB_DIR: the working copies; CHAPTER_OUT: where the executed chapter goes; make check: build/check/).
+# One chapter: jupytext (CONVERTED=1: `make chapters` has converted them all), papermill with the parameters,
+# the parameters folded, book/$(CH).ipynb (NB_DIR: the working copies; CHAPTER_OUT: where the executed
+# chapter goes; make check: build/check/).
 NB_DIR := $(BUILD)/nb
 CHAPTER_OUT := book
 chapter: $(VENV)/.installed
@@ -146,7 +151,8 @@ chapter: $(VENV)/.installed
 	t=$(or $(THREADS),$(NCPU))
 	start=$$(date +%s)
 	echo "== chapter $(CH) (scale=$(SCALE), device=$(DEVICE), $$t thread(s))"
-	$(VENV)/bin/jupytext --quiet --to ipynb -o $(NB_DIR)/$(CH).ipynb notebooks/$(CH).md
+	mkdir -p $(NB_DIR) $(CHAPTER_OUT)
+	$(if $(CONVERTED),,$(VENV)/bin/jupytext --quiet --to ipynb -o $(NB_DIR)/$(CH).ipynb notebooks/$(CH).md)
 	OMP_NUM_THREADS=$$t MKL_NUM_THREADS=$$t OPENBLAS_NUM_THREADS=$$t TQDM_DISABLE=1 \
 	  $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
 	  -p scale $(SCALE) -p device $(DEVICE) $(NB_DIR)/$(CH).ipynb $(NB_DIR)/$(CH).out.ipynb
@@ -203,7 +209,7 @@ test:
 # The tiny chapters and the strict book share a phase, side by side (check-tiny-and-book): neither reads what
 # the other writes, and the book's single process fills what the lanes leave of the cores (their kernels'
 # start-up is serial); the book's output goes to build/check/book-check.log, shown when it fails.
-CHECK_PHASES := lint unit check-tiny-and-book
+CHECK_PHASES := lint unit-fast check-tiny-and-book
 CHECK_DIR := $(BUILD)/check
 CHECK_CACHE := $(CURDIR)/$(BUILD)/zoo-cache-tiny
 check:
@@ -240,7 +246,12 @@ UNIT_THREADS = $(shell n=$$(( $(NCPU) / $(UNIT_WORKERS) )); [ $$n -ge 1 ] && ech
 unit: $(VENV)/.installed
 	OMP_NUM_THREADS=$(UNIT_THREADS) MKL_NUM_THREADS=$(UNIT_THREADS) OPENBLAS_NUM_THREADS=$(UNIT_THREADS) \
 	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(PY) -m pytest -q -n $(UNIT_WORKERS) --dist worksteal \
-	  --ignore=tests/book tests
+	  $(if $(UNIT_MARKS),-m "$(UNIT_MARKS)") --ignore=tests/book tests
+
+# make check's unit tests: all but those marked slow (pyproject.toml: end to end, several seconds each, such as
+# nbgrader grading whole notebooks or a browser opening the slides), which make test runs.
+unit-fast: $(VENV)/.installed
+	$(MAKE) --no-print-directory unit UNIT_MARKS="not slow"
 
 # Re-executes the committed chapters and compares the outputs of the cells tagged nbval-check-output (the
 # `:tags:` of a cell in notebooks/<name>.md), in the lanes of `make chapters` (one pytest per chapter, LANES

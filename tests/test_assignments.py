@@ -63,6 +63,7 @@ def _computational(nb: dict) -> int:
     return sum(any(kind != "md" for kind, _ in sol) for sol in course_book.notebook_solutions(nb))
 
 
+@pytest.mark.slow
 def test_every_chapter_gets_its_computational_exercises(course):
     out, made = course
     chapters = course_book.executed_chapters(ROOT)
@@ -99,6 +100,7 @@ def _hidden(source: dict) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_student_notebooks_hold_no_solution_and_no_hidden_test(course):
     out, made = course
     checked = 0
@@ -306,6 +308,7 @@ def _glued_output(nb: dict, key: str, mime: str = "text/plain") -> str:
     return _src({"source": found[-1]})
 
 
+@pytest.mark.slow
 def test_student_notebooks_show_the_glued_values_not_glue_roles(tiny):
     """JupyterLab resolves no {glue} role: the release has every value of the chapter's executed notebook
     pasted in, formatted as the role asks (a value it has no number for would point to the book)."""
@@ -333,6 +336,7 @@ def test_student_notebooks_show_the_glued_values_not_glue_roles(tiny):
     assert checked >= 2
 
 
+@pytest.mark.slow
 def test_glued_figures_are_cell_attachments(course):
     """Every chapter's student notebook holds no glue role; its glued figures travel as attachments of the
     markdown cell that shows them (a MyST {figure} of ``attachment:<name>.png``), byte for byte."""
@@ -359,6 +363,7 @@ def test_glued_figures_are_cell_attachments(course):
     assert figures > 0
 
 
+@pytest.mark.slow
 def test_a_typo_in_a_chapter_changes_nothing(tiny):
     course, _ = tiny
     before = _snapshot(course)
@@ -368,6 +373,7 @@ def test_a_typo_in_a_chapter_changes_nothing(tiny):
     assert _snapshot(course) == before
 
 
+@pytest.mark.slow
 def test_rebuilding_replaces_only_what_the_tool_wrote(tiny, tmp_path):
     """A rebuild keeps a teacher's files in the course and refuses to overwrite a file changed since;
     exercises that assert nothing at the scale are left out, and RELEASE.md says so."""
@@ -474,6 +480,7 @@ def graded(tiny, tmp_path_factory):
     return tmp, made, _rows(table)
 
 
+@pytest.mark.slow
 def test_grading_end_to_end(graded):
     """Fake submissions for one chapter, graded by nbgrader at ``tiny``; a second chapter that only a broken
     notebook was handed in for scores 0 for everyone, "No submission" for those who handed in nothing."""
@@ -505,6 +512,7 @@ def test_grading_end_to_end(graded):
             assert teacher_path not in text, f"a path of the teacher's machine: {teacher_path}"
 
 
+@pytest.mark.slow
 def test_every_student_folder_is_in_the_table_with_a_reason(graded):
     tmp, made, rows = graded
     cols = [c for c in rows["teacher"] if ":" in c]
@@ -517,6 +525,7 @@ def test_every_student_folder_is_in_the_table_with_a_reason(graded):
         assert f"* {reason}\n" in (tmp / f"grades/feedback/{student}.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_misnamed_notebook_is_graded_and_an_exception_named(graded):
     tmp, made, rows = graded
     first, second = made["architectures"]
@@ -532,6 +541,7 @@ def test_a_misnamed_notebook_is_graded_and_an_exception_named(graded):
     assert f"* `{second}`: passed" in feedback
 
 
+@pytest.mark.slow
 def test_a_nested_duplicate_is_reported_not_graded(graded):
     tmp, made, rows = graded
     row = rows["nested"]
@@ -542,6 +552,7 @@ def test_a_nested_duplicate_is_reported_not_graded(graded):
     assert reason in (tmp / "grades/feedback/nested.md").read_text()
 
 
+@pytest.mark.slow
 def test_grading_never_writes_into_a_teachers_folder(tiny, graded, tmp_path):
     course, _ = tiny
     subs = graded[0] / "submissions"
@@ -569,6 +580,7 @@ def test_grading_never_writes_into_a_teachers_folder(tiny, graded, tmp_path):
     assert _snapshot(out) == before
 
 
+@pytest.mark.slow
 def test_fresh_starts_the_table_over_and_keeps_a_teachers_file(tiny, graded, tmp_path):
     course, _ = tiny
     out = tmp_path / "grades"
@@ -583,6 +595,7 @@ def test_fresh_starts_the_table_over_and_keeps_a_teachers_file(tiny, graded, tmp
     assert (out / "notes.txt").read_text() == "the teacher's\n"
 
 
+@pytest.mark.slow
 def test_regrading_one_student_keeps_the_others(tiny, graded, tmp_path):
     """A late student and a regraded one, with the same --out: the others' rows and files stay byte for byte,
     the regraded student's old feedback and graded copy are replaced; a cell over --timeout is stopped."""

@@ -408,6 +408,7 @@ def _check_editions(teacher: Path, student: Path, pages: dict[str, dict]) -> int
     return n_solutions
 
 
+@pytest.mark.slow
 def test_editions_of_a_fixture_chapter(tmp_path):
     """Gated and non-gated solutions, in a small book of its own with the book's extensions."""
     book = tmp_path / "book"

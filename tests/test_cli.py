@@ -94,6 +94,7 @@ def _train_cmd(out: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_loss_or_duplicates(tmp_path):
     """SIGKILL right after the first file is written; the restarted run finishes the zoo, and it equals an
     uninterrupted run bit for bit, every seed once."""

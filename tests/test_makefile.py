@@ -78,11 +78,14 @@ def dry_run(target: str, *args: str) -> str:
 
 
 def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
-    """`make check`: ruff, the unit tests, then every chapter at scale=tiny with the strict book beside them,
-    stopping at the first failure (the phases of `make test`), listed in `make help`."""
-    assert show("$(CHECK_PHASES)") == ["lint", "unit", "check-tiny-and-book"]
+    """`make check`: ruff, the unit tests but the slow ones, then every chapter at scale=tiny with the strict
+    book beside them, stopping at the first failure (the phases of `make test`), listed in `make help`."""
+    assert show("$(CHECK_PHASES)") == ["lint", "unit-fast", "check-tiny-and-book"]
     script = dry_run("check")
-    assert "for phase in lint unit check-tiny-and-book; do" in script
+    assert "for phase in lint unit-fast check-tiny-and-book; do" in script
+    fast = dry_run("unit-fast")
+    assert '-m "not slow" --ignore=tests/book tests' in fast  # make check leaves the slow tests out
+    assert '-m "' not in dry_run("unit")  # make test runs them all
     assert "phase times" in script  # the phases macro: stops at the first failure, then reports
     assert "ruff check symlib tests benchmarks" in dry_run("lint")
     unit = dry_run("unit")
@@ -91,7 +94,7 @@ def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
     assert "jupyter-book build . -W -n --keep-going" in book and "pytest" in book and "tests/book" in book
     lines = (ROOT / "Makefile").read_text().splitlines()
     phony = " ".join(line.split(":", 1)[1] for line in lines if line.startswith(".PHONY:")).split()
-    assert {"check", "check-chapters", "check-tiny-and-book"} <= set(phony)
+    assert {"check", "check-chapters", "check-tiny-and-book", "unit-fast"} <= set(phony)
     both = dry_run("check-tiny-and-book", "CACHES_READY=1")  # the book's dry run goes to its log
     assert "papermill" in both and "-p scale tiny" in both and "jupyter-book build" not in both
     log = (ROOT / show("$(CHECK_DIR)")[0] / "book-check.log").read_text()
@@ -123,11 +126,16 @@ def test_check_runs_every_chapter_at_tiny_scale_into_build_only():
     chapters = sorted(p.stem for p in (ROOT / "notebooks").glob("*.md"))
     assert sorted(Path(p).stem for _, p in moved) == chapters  # every chapter once
     assert {(s, d) for s, d, *_ in executed} == {("tiny", "cpu")}
+    converted = re.findall(r'for c in sys.argv\[2:\]\]" (\S+) ', joined)  # every chapter in one process
+    written += converted
+    assert converted == ["build/check/src"] and "jupytext --quiet" not in script
     assert written and all(p.startswith("build/check/") for p in written), written
     assert {str(Path(p).parent) for _, p in moved} == {"build/check/nb"}
     assert "book/" not in script.replace("--cwd book", "")
     default = dry_run("chapters", "CHAPTERS=toy", "CACHES_READY=1")
     assert "mv build/nb/toy.out.ipynb book/toy.ipynb" in default
+    alone = dry_run("chapter", "CH=toy")  # a chapter on its own converts its source itself
+    assert "jupytext --quiet --to ipynb -o build/nb/toy.ipynb notebooks/toy.md" in alone
 
 
 def test_assignments_honours_its_chapter_list():

@@ -62,6 +62,7 @@ def _chapters() -> list[str]:
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_chapter_of_the_toc_has_a_deck(decks):
     chapters = course_book.toc_chapters(ROOT)
     unexecuted = [c for c in chapters if not (ROOT / "book" / f"{c}.ipynb").is_file()]
@@ -200,6 +201,7 @@ def test_slides_never_write_into_a_teachers_folder(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow
 def test_a_rebuild_keeps_a_teachers_file_and_never_overwrites_an_edited_one(tmp_path):
     out, chapter = tmp_path / "slides", _chapters()[0]
     run = _slides("--out", str(out), chapter)
@@ -448,6 +450,7 @@ class _Chromium:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium here: `make data` installs Debian's chromium")
+@pytest.mark.slow
 def test_decks_in_a_browser(decks):
     browser = _Chromium(CHROMIUM)
     try:

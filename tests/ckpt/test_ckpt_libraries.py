@@ -117,6 +117,7 @@ def _hub_cache(root: Path, repo: str, folder: Path, commit: str = "1" * 40) -> N
         (snap / f.name).symlink_to(os.path.relpath(blob, snap))
 
 
+@pytest.mark.slow
 def test_hf_model_repositories_through_the_hub_cache_offline(bert_seeds, tmp_path):
     cache = tmp_path / "hub"
     for s in range(2):

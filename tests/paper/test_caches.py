@@ -67,6 +67,7 @@ def test_every_cache_fills_on_cuda(tmp_path, monkeypatch):
         assert all(bool(torch.isfinite(v).all()) for v in s.params.values()), label
 
 
+@pytest.mark.slow
 def test_the_reference_is_sampled_beside_table1s_sets(tmp_path, monkeypatch, capsys):
     """`make zoo` samples the true posterior's references (one per seed) in a process of its own while
     Table 1's sets are produced; the chapter then loads them from the cache."""

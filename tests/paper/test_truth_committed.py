@@ -39,6 +39,7 @@ def test_two_independent_references_are_committed(hidden):
     assert not torch.equal(refs[0].samples[:, :10], refs[1].samples[:, :10])
 
 
+@pytest.mark.slow
 def test_the_committed_draws_meet_the_certification_rule(committed):
     """Recomputed here from the float32 draws: the criterion on canonical forms and invariant functionals,
     R-hat below 1.01 on each half alone, and the recorded divergent share at the posterior's level."""

@@ -29,6 +29,7 @@ def test_which_trainings_fan_out():
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_ensemble_fanned_out_equals_the_one_process_set(tmp_path, capsys):
     """`symlib posterior sample --executor local`: 4 members in 2 shards; the set is the one-process set, bit
     for bit, with the same identity hash."""

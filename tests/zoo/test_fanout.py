@@ -47,6 +47,7 @@ def local_jobs(tmp_path_factory):
 
 
 @pytest.mark.processes
+@pytest.mark.slow
 def test_four_local_shards_one_killed_merge_bit_identical(local_jobs, tmp_path):
     """4 shards of one job array; shard 1 is SIGKILLed after its first chunk; the watcher resubmits it, it
     resumes (its first chunk is kept, not retrained), and the merged zoo equals the unsharded run bit for
