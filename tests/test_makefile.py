@@ -2,6 +2,7 @@
 all than cores, one lane on a GPU; and `make check`, the fast inner loop (its dry runs create empty folders
 under build/ only)."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -14,12 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 
 
+# The tests' own make, with none of the state of a make that runs the tests (`make unit-fast` passes
+# UNIT_MARKS on its command line, which would reach every make below it through MAKEFLAGS).
+ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+
+
 def show(expr: str, **var: str) -> list[str]:
     """The words of ``expr`` as the Makefile expands it with these variables."""
     rule = f"show-it: ; @echo {expr}"
     args = [f"{k}={v}" for k, v in var.items()]
     run = subprocess.run(["make", "-s", "--no-print-directory", "--eval", rule, "show-it", *args],
-                         cwd=ROOT, capture_output=True, text=True, check=True)
+                         cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
     return run.stdout.split()
 
 
@@ -63,7 +69,7 @@ def test_unit_workers_never_oversubscribe(ncpu):
 def test_nbval_runs_every_chapter_in_the_lanes_of_make_chapters():
     """`make nbval` checks each chapter once, LANES at a time, with the lanes' thread count (dry run)."""
     cmd = ["make", "-n", "--no-print-directory", "nbval", "NCPU=2", "CACHES_READY=1"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
     script = run.stdout
     assert "xargs -P 2 -I{}" in script and "OMP_NUM_THREADS=1" in script
     assert "--nbval-lax" in script and "book/{}.ipynb" in script
@@ -74,7 +80,7 @@ def test_nbval_runs_every_chapter_in_the_lanes_of_make_chapters():
 def dry_run(target: str, *args: str) -> str:
     """What ``make -n target`` would run (recursive makes included: make runs those even with ``-n``)."""
     cmd = ["make", "-n", "--no-print-directory", target, "NCPU=2", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV).stdout
 
 
 def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
@@ -100,8 +106,9 @@ def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
     log = (ROOT / show("$(CHECK_DIR)")[0] / "book-check.log").read_text()
     assert "jupyter-book build . -W -n --keep-going" in log and "tests/book" in log
     assert "== the tiny chapters: green" in both and "== the strict book and its checks: green" in both
-    assert "make check" in subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
-                                          check=True).stdout
+    helped = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, env=ENV,
+                            check=True)
+    assert "make check" in helped.stdout
 
 
 def test_check_runs_every_chapter_at_tiny_scale_into_build_only():
