@@ -16,8 +16,9 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 
 
 # The tests' own make, with none of the state of a make that runs the tests (`make unit-fast` passes
-# UNIT_MARKS on its command line, which would reach every make below it through MAKEFLAGS).
-ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+# UNIT_MARKS on its command line, which reaches every process below it, in MAKEFLAGS and as a variable).
+ENV = {k: v for k, v in os.environ.items()
+       if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "UNIT_MARKS")}
 
 
 def show(expr: str, **var: str) -> list[str]:
