@@ -199,9 +199,9 @@ TEST_PHASES := env lint unit zoo nbval book-check
 test:
 	$(call phases,$(TEST_PHASES))
 
-# The fast inner loop, before every commit: ruff, the unit tests, every chapter executed at scale=tiny (each
-# asserts its own claims; a cell error fails the phase) and the strict book from the committed chapters, one
-# phase after the other, stopping at the first failure. The tiny chapters run in the lanes of `make
+# The fast inner loop, before every commit: ruff, the unit tests but the slow ones (unit-fast), every chapter
+# executed at scale=tiny (each asserts its own claims; a cell error fails the phase) and the strict book from
+# the committed chapters, stopping at the first failure. The tiny chapters run in the lanes of `make
 # chapters` into build/check/nb only (a failed one's partly executed copy: build/check/src/<chapter>.out.ipynb),
 # never into book/*.ipynb, which hold the committed cpu-scale chapters; `make zoo` at scale=tiny fills their
 # caches first, in a folder of their own (every cache key holds the scale, or sampler settings that differ
