@@ -2,7 +2,6 @@
 all than cores, one lane on a GPU; and `make check`, the fast inner loop (its dry runs create empty folders
 under build/ only)."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -15,18 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 
 
-# The tests' own make, with none of the state of a make that runs the tests (`make unit-fast` passes
-# UNIT_MARKS on its command line, which reaches every process below it, in MAKEFLAGS and as a variable).
-ENV = {k: v for k, v in os.environ.items()
-       if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "UNIT_MARKS")}
-
-
 def show(expr: str, **var: str) -> list[str]:
     """The words of ``expr`` as the Makefile expands it with these variables."""
     rule = f"show-it: ; @echo {expr}"
     args = [f"{k}={v}" for k, v in var.items()]
     run = subprocess.run(["make", "-s", "--no-print-directory", "--eval", rule, "show-it", *args],
-                         cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
+                         cwd=ROOT, capture_output=True, text=True, check=True)
     return run.stdout.split()
 
 
@@ -70,7 +63,7 @@ def test_unit_workers_never_oversubscribe(ncpu):
 def test_nbval_runs_every_chapter_in_the_lanes_of_make_chapters():
     """`make nbval` checks each chapter once, LANES at a time, with the lanes' thread count (dry run)."""
     cmd = ["make", "-n", "--no-print-directory", "nbval", "NCPU=2", "CACHES_READY=1"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
     script = run.stdout
     assert "xargs -P 2 -I{}" in script and "OMP_NUM_THREADS=1" in script
     assert "--nbval-lax" in script and "book/{}.ipynb" in script
@@ -81,7 +74,7 @@ def test_nbval_runs_every_chapter_in_the_lanes_of_make_chapters():
 def dry_run(target: str, *args: str) -> str:
     """What ``make -n target`` would run (recursive makes included: make runs those even with ``-n``)."""
     cmd = ["make", "-n", "--no-print-directory", target, "NCPU=2", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=ENV).stdout
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
 def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
@@ -107,7 +100,7 @@ def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
     log = (ROOT / show("$(CHECK_DIR)")[0] / "book-check.log").read_text()
     assert "jupyter-book build . -W -n --keep-going" in log and "tests/book" in log
     assert "== the tiny chapters: green" in both and "== the strict book and its checks: green" in both
-    helped = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, env=ENV,
+    helped = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
                             check=True)
     assert "make check" in helped.stdout
 
