@@ -94,15 +94,32 @@ def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
     assert "jupyter-book build . -W -n --keep-going" in book and "pytest" in book and "tests/book" in book
     lines = (ROOT / "Makefile").read_text().splitlines()
     phony = " ".join(line.split(":", 1)[1] for line in lines if line.startswith(".PHONY:")).split()
-    assert {"check", "check-chapters", "check-tiny-and-book", "unit-fast"} <= set(phony)
+    assert {"check", "check-chapters", "check-tiny-and-book", "unit-fast", "book-check-teacher"} <= set(phony)
     both = dry_run("check-tiny-and-book", "CACHES_READY=1")  # the book's dry run goes to its log
     assert "papermill" in both and "-p scale tiny" in both and "jupyter-book build" not in both
     log = (ROOT / show("$(CHECK_DIR)")[0] / "book-check.log").read_text()
+    # make check's book: the teacher's edition, strictly, and its checks (make test builds both editions)
     assert "jupyter-book build . -W -n --keep-going" in log and "tests/book" in log
+    assert "BOOK_EDITION=teacher" in log and "BOOK_EDITION=student" not in log
+    assert "SYMLIB_BOOK_EDITIONS=teacher" in log
+    assert "BOOK_EDITION=student" in book and "BOOK_EDITION=teacher" in book  # make test: both
     assert "== the tiny chapters: green" in both and "== the strict book and its checks: green" in both
     helped = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
                             check=True)
     assert "make check" in helped.stdout
+
+
+def test_bytecode_is_written_as_modules_are_imported():
+    """The Makefile's commands write bytecode as they import (Python's default, even where the environment
+    sets PYTHONDONTWRITEBYTECODE), so that no bytecode pass over the whole venv is needed."""
+    import os
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = ["make", "-s", "--no-print-directory", "--eval",
+           "show-env: ; @echo \"[$${PYTHONDONTWRITEBYTECODE-unset}]\"", "show-env"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == "[unset]"
+    assert "compileall" not in dry_run("env", "-B")
 
 
 def test_check_runs_every_chapter_at_tiny_scale_into_build_only():

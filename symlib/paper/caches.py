@@ -162,6 +162,12 @@ def _table1_sets(scale: str, device: str, seed: int, cfg, progress: bool) -> Non
     rows = _table1.plan(scale, hmc=cfg.arch == "optunet")
     where = _table1.sets_dir(setup, seed)
     _say(f"== Table 1's {len(rows)} sample sets in {where}")
+    if any(e.method == "hmc" for e in rows):  # the committed reference, where one is (cpu scale)
+        status, why = _table1.install(setup, seed)
+        if status == "installed":
+            _say(f"   the HMC reference and its base models: installed from {why}")
+        elif status in ("stale", "conflict"):
+            _say(f"   the HMC reference is sampled here: {why}")
     timings: dict = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="VI starts from BLiTZ")  # as the chapter does

@@ -28,7 +28,7 @@ from symlib.posteriors.seeds import base_seeds
 from symlib.posteriors.sgd import train_models
 from symlib.store import StoreError
 
-__all__ = ["base_models", "base_zoo", "method", "run", "setup_for"]
+__all__ = ["base_models", "base_zoo", "method", "run", "set_key", "setup_for"]
 
 
 def setup_for(preset: str, scale: str = "cpu", device: str | torch.device = "cpu") -> Setup:
@@ -100,6 +100,17 @@ def base_models(
 # ----------------------------------------------------------------------------- runs
 
 
+def set_key(name: str, setup: Setup, n_modes: int, n_per_mode: int, seed: int = 0, **hyper: Any) -> str:
+    """The identity of the set that :func:`run` produces with these arguments (its manifest's ``set_hash``,
+    :func:`symlib.posteriors.io.identity`): method, sizes, hyper-parameters, training problem, base seeds
+    and run seed. Computed without sampling anything."""
+    from symlib.posteriors import io
+
+    uses = method(name).base in ("required", "optional")
+    seeds = base_seeds(n_modes, seed) if uses else []
+    return io.identity(name, n_modes, n_per_mode, hyper, io.setup_record(setup), {"seeds": seeds}, seed)
+
+
 def method(name: str) -> Method:
     """The :class:`~symlib.posteriors.base.Method` of ``symlib.posteriors.<name>`` (a clear error if the
     name is unknown)."""
@@ -162,7 +173,7 @@ def run(
     check_sizes(n_modes, n_per_mode)
     uses = m.base in ("required", "optional")
     seeds = base_seeds(n_modes, seed) if uses else []
-    key = io.identity(name, n_modes, n_per_mode, hyper, io.setup_record(setup), {"seeds": seeds}, seed)
+    key = set_key(name, setup, n_modes, n_per_mode, seed, **hyper)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and io.is_posterior(out):
         man = io.read_manifest(out)

@@ -20,11 +20,17 @@ The chapter's pipeline, in four calls:
 Rows are labelled by ``(method, modes)`` with the paper's names: ``("Laplace", "one-mode")``,
 ``("SWAG", "multi-mode")``, ``("DE", "multi-mode")``, ``("HMC", "reference")``.
 
+At the ``cpu`` scale the HMC reference is sampled once and committed with its base models
+(:mod:`symlib.paper.table1.committed`: :func:`commit`, ``python -m symlib.paper.table1``); ``make zoo``
+installs it into the cache (:func:`install`) instead of sampling it again.
+
 Layout: :mod:`symlib.paper.table1.rows` (the rows and their sets), :mod:`symlib.paper.table1.frames` (the
-columns, computed), :mod:`symlib.paper.table1.display` (the tables as the chapter shows them). Every name
+columns, computed), :mod:`symlib.paper.table1.display` (the tables as the chapter shows them),
+:mod:`symlib.paper.table1.committed` (the committed reference). Every name
 is re-exported here, so the chapter reads ``table1.plan(...)``, ``table1.display(...)``.
 """
 
+from symlib.paper.table1.committed import COMMITTED, commit, install
 from symlib.paper.table1.display import (
     MISSING,
     NON_BREAKING_HYPHEN,
@@ -69,5 +75,5 @@ __all__ = [
     "sampler_defaults", "sets_dir", "sizes", "SYMMETRY_COLUMNS", "hmc_diagnostics", "metric_frame",
     "mmd_frame", "ood_inputs", "paper_frame", "probabilities", "rank_correlation", "side_by_side",
     "spec_for", "subsample_tests", "variant_frame", "MISSING", "NON_BREAKING_HYPHEN", "PAPER_GROUPS",
-    "display", "format_p", "p_floor", "paper_tables", "with_interval",
+    "display", "format_p", "p_floor", "paper_tables", "with_interval", "COMMITTED", "commit", "install",
 ]
