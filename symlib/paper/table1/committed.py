@@ -17,10 +17,10 @@ on one machine, and committed with the base models it starts from, every later b
   is then sampled here, as before, and the reason printed.
 
 The base models are committed with the reference because training is not bit-identical across instruction
-sets (AVX2 and AVX-512 sum in other orders): base models trained on another machine are other networks, and
-the multi-mode rows, which start from the same base models, would no longer explore the modes the reference
-explores. With both installed, every machine compares its approximations with the same reference, from the
-same starting networks.
+sets (AVX2 and AVX-512 sum in other orders): trained with AVX2 code, the ten networks end up to a tenth of
+their norm away from those trained with AVX-512 code, near but not at the points the reference's chains
+started from. With both installed, the multi-mode rows start from exactly those points on every machine,
+and every machine compares its approximations with the same reference.
 """
 
 from __future__ import annotations
