@@ -208,9 +208,9 @@ test:
 
 # The fast inner loop, before every commit: ruff, the unit tests but the slow ones (unit-fast), every chapter
 # executed at scale=tiny (each asserts its own claims; a cell error fails the phase) and the strict book from
-# the committed chapters (the teacher's edition: book-check-teacher), stopping at the first failure. The tiny chapters run in the lanes of `make
-# chapters` into build/check/nb only (a failed one's partly executed copy: build/check/src/<chapter>.out.ipynb),
-# never into book/*.ipynb, which hold the committed cpu-scale chapters; `make zoo` at scale=tiny fills their
+# the committed chapters (the teacher's edition: book-check-teacher), stopping at the first failure. The tiny
+# chapters run in the lanes of `make chapters` into build/check/nb only (a failed one's partly executed copy:
+# build/check/src/<chapter>.out.ipynb), never into book/*.ipynb, which hold the committed cpu-scale chapters; `make zoo` at scale=tiny fills their
 # caches first, in a folder of their own (every cache key holds the scale, or sampler settings that differ
 # per scale, but so build/zoo-cache stays as make zoo left it).
 # The tiny chapters and the strict book share a phase, side by side (check-tiny-and-book): neither reads what

@@ -102,6 +102,12 @@ def test_other_base_models_in_the_cache_are_kept_and_the_reference_sampled(produ
     committed._parts(setup, 0, partial)["set"].mkdir(parents=True)
     status, why = committed.install(setup, 0, cache_dir=partial, root=root)
     assert status == "conflict" and "partly written" in why
+    damaged = tmp_path / "damaged"  # a damaged manifest is left to make zoo's repair, not raised here
+    base = committed._parts(setup, 0, damaged)["base"]
+    shutil.copytree(committed._parts(setup, 0, cache)["base"], base)
+    (base / "manifest.json").write_text("{not json")
+    status, why = committed.install(setup, 0, cache_dir=damaged, root=root)
+    assert status == "conflict" and (base / "manifest.json").read_text() == "{not json"
 
 
 def test_the_committed_cpu_reference_is_this_codes():

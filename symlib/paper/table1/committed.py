@@ -102,6 +102,24 @@ def _files(where: Path, suffix: str = "") -> dict[str, str]:
             and not any(q.startswith(".") for q in p.relative_to(where).parts)}
 
 
+def _manifest(read, folder: Path) -> dict[str, Any]:
+    """A zoo's or a set's manifest (``read``: its reader), or ``{}`` when the folder holds none or a
+    damaged one (left to ``symlib.zoo.load_or_train`` and ``symlib.posteriors.sampling.run``, which
+    repair)."""
+    if not (folder / "manifest.json").is_file():
+        return {}
+    try:
+        return read(folder)
+    except store.StoreError:
+        return {}
+
+
+def _recorded(files: dict[str, str], part: str) -> dict[str, str]:
+    """The sample files of ``part`` (``"base"`` or ``"hmc"``) in a record's ``files``, relative to it."""
+    return {k[len(part) + 1:]: v for k, v in files.items()
+            if k.startswith(f"{part}/") and k.endswith(".safetensors")}
+
+
 def commit(setup, seed: int = 0, cache_dir: str | os.PathLike | None = None,
            root: str | os.PathLike | None = None, seconds: float | None = None,
            command: str | None = None) -> Path:
@@ -117,12 +135,11 @@ def commit(setup, seed: int = 0, cache_dir: str | os.PathLike | None = None,
     from symlib.zoo import chunks
 
     parts = _parts(setup, seed, cache_dir)
-    man = chunks.read_manifest(parts["base"]) if (parts["base"] / "manifest.json").is_file() else {}
-    if not man.get("complete"):
+    if not _manifest(chunks.read_manifest, parts["base"]).get("complete"):
         raise ValueError(f"no complete base models at {parts['base']}: produce Table 1's sets first "
                          f"(`make zoo`, or python -m symlib.paper.table1)")
-    if not io.is_posterior(parts["set"]) or not io.read_manifest(parts["set"]).get("complete") \
-            or io.read_manifest(parts["set"]).get("set_hash") != parts["set_hash"]:
+    man = _manifest(io.read_manifest, parts["set"])
+    if not man.get("complete") or man.get("set_hash") != parts["set_hash"]:
         raise ValueError(f"no complete HMC set of this code's identity {parts['set_hash']} at "
                          f"{parts['set']}: produce Table 1's sets first (`make zoo`, or python -m "
                          f"symlib.paper.table1)")
@@ -177,18 +194,14 @@ def install(setup, seed: int = 0, cache_dir: str | os.PathLike | None = None,
         bad = sorted(set(files.items()) ^ set(doc.get("files", {}).items()))
         return "stale", (f"{src}: files differ from its record ({bad[0][0]}, ...); restore them with git "
                          f"or {how}")
-    if io.is_posterior(parts["set"]):
-        man = io.read_manifest(parts["set"])
-        if man.get("set_hash") == parts["set_hash"] and man.get("complete"):
-            return "cached", f"{parts['set']} holds the reference already"
+    man = _manifest(io.read_manifest, parts["set"])
+    if man.get("set_hash") == parts["set_hash"] and man.get("complete"):
+        return "cached", f"{parts['set']} holds the reference already"
     if parts["set"].exists():
         return "conflict", f"{parts['set']} holds a partly written set (a killed run?); it is resumed here"
     if parts["base"].exists():
-        here = parts["base"] / "manifest.json"
-        weights = {k[len("base/"):]: v for k, v in files.items()
-                   if k.startswith("base/") and k.endswith(".safetensors")}
-        if not here.is_file() or not chunks.read_manifest(parts["base"]).get("complete") or \
-                _files(parts["base"], ".safetensors") != weights:
+        if not _manifest(chunks.read_manifest, parts["base"]).get("complete") or \
+                _files(parts["base"], ".safetensors") != _recorded(files, "base"):
             return "conflict", (f"the cache's base models {parts['base']} were trained here and differ from "
                                 f"the committed ones; the reference is sampled here from them")
     else:
@@ -213,8 +226,7 @@ def origin(setup, seed: int = 0, cache_dir: str | os.PathLike | None = None,
     here = _parts(setup, seed, cache_dir)["set"]
     if not here.is_dir():
         return None
-    mine = {k[len("hmc/"):]: v for k, v in doc["files"].items()
-            if k.startswith("hmc/") and k.endswith(".safetensors")}
+    mine = _recorded(doc["files"], "hmc")
     return doc if mine and _files(here, ".safetensors") == mine else None
 
 
