@@ -134,33 +134,23 @@ chapters: $(VENV)/.installed
 	$(CHECK_CACHES)
 	echo "== $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each (scale=$(SCALE), device=$(DEVICE))"
 	start=$$(date +%s)
-	# every chapter's notebook in one process (the jupytext command's start-up costs 2.5 s a chapter)
-	$(PY) -c "import sys, jupytext; [jupytext.write(jupytext.read(f'notebooks/{c}.md'), f'{sys.argv[1]}/{c}.ipynb') \
-	  for c in sys.argv[2:]]" $(NB_DIR) $(CHAPTERS)
-	printf '%s\n' $(CHAPTERS) | xargs -P $(LANES) -I{} $(MAKE) -s --no-print-directory chapter CH={} THREADS=$(LANE_THREADS) \
-	  CONVERTED=1
+	$(PY) -m symlib.paper.lanes $(CHAPTERS) --scale $(SCALE) --device $(DEVICE) --lanes $(LANES) \
+	  --threads $(LANE_THREADS) --work $(NB_DIR) --out $(CHAPTER_OUT)
 	echo "== chapters done in $$(( $$(date +%s) - start )) s"
 
-# One chapter: jupytext (CONVERTED=1: `make chapters` has converted them all), papermill with the parameters,
-# the parameters folded, book/$(CH).ipynb (NB_DIR: the working copies; CHAPTER_OUT: where the executed
-# chapter goes; make check: build/check/).
+# One chapter (CH): converted from notebooks/ by jupytext, executed by papermill with the parameters, the
+# parameters folded, in book/$(CH).ipynb (NB_DIR: the working copies; CHAPTER_OUT: where the executed
+# chapter goes; make check: build/check/). `make chapters` runs them in lanes of one process each
+# (symlib.paper.lanes: papermill imported once per lane, a fresh kernel per chapter).
 NB_DIR := $(BUILD)/nb
 CHAPTER_OUT := book
 chapter: $(VENV)/.installed
 	if [ -z "$(CH)" ] || [ ! -f notebooks/$(CH).md ]; then
 	  echo "make chapter CH=<name>: one of $(ALL_CHAPTERS)" >&2; exit 2
 	fi
-	t=$(or $(THREADS),$(NCPU))
-	start=$$(date +%s)
-	echo "== chapter $(CH) (scale=$(SCALE), device=$(DEVICE), $$t thread(s))"
-	mkdir -p $(NB_DIR) $(CHAPTER_OUT)
-	$(if $(CONVERTED),,$(VENV)/bin/jupytext --quiet --to ipynb -o $(NB_DIR)/$(CH).ipynb notebooks/$(CH).md)
-	OMP_NUM_THREADS=$$t MKL_NUM_THREADS=$$t OPENBLAS_NUM_THREADS=$$t TQDM_DISABLE=1 \
-	  $(VENV)/bin/papermill --log-level WARNING -k python3 --cwd book \
-	  -p scale $(SCALE) -p device $(DEVICE) $(NB_DIR)/$(CH).ipynb $(NB_DIR)/$(CH).out.ipynb
-	$(PY) -c "import sys; from symlib.paper.book import fold_parameters; fold_parameters(sys.argv[1])" $(NB_DIR)/$(CH).out.ipynb
-	mv $(NB_DIR)/$(CH).out.ipynb $(CHAPTER_OUT)/$(CH).ipynb
-	echo "== chapter $(CH) done in $$(( $$(date +%s) - start )) s"
+	mkdir -p $(MPLCONFIGDIR) $(IPYTHONDIR)
+	$(PY) -m symlib.paper.lanes $(CH) --scale $(SCALE) --device $(DEVICE) --threads $(or $(THREADS),$(NCPU)) \
+	  --work $(NB_DIR) --out $(CHAPTER_OUT)
 
 # MathJax is served from the book itself (the django-static-mathjax wheel ships MathJax 3), so math
 # renders when the HTML is opened offline.

@@ -96,7 +96,7 @@ def test_check_runs_lint_unit_tiny_chapters_and_the_strict_book_in_order():
     phony = " ".join(line.split(":", 1)[1] for line in lines if line.startswith(".PHONY:")).split()
     assert {"check", "check-chapters", "check-tiny-and-book", "unit-fast", "book-check-teacher"} <= set(phony)
     both = dry_run("check-tiny-and-book", "CACHES_READY=1")  # the book's dry run goes to its log
-    assert "papermill" in both and "-p scale tiny" in both and "jupyter-book build" not in both
+    assert "-m symlib.paper.lanes" in both and "--scale tiny" in both and "jupyter-book build" not in both
     log = (ROOT / show("$(CHECK_DIR)")[0] / "book-check.log").read_text()
     # make check's book: the teacher's edition, strictly, and its checks (make test builds both editions)
     assert "jupyter-book build . -W -n --keep-going" in log and "tests/book" in log
@@ -124,36 +124,34 @@ def test_bytecode_is_written_as_modules_are_imported():
 
 def test_check_runs_every_chapter_at_tiny_scale_into_build_only():
     """`make check`'s chapters: the tiny caches of their own first (never build/zoo-cache), then every
-    chapter once with papermill at scale=tiny in the lanes of `make chapters`, every file it writes under
-    build/check/ (book/*.ipynb hold the committed cpu-scale chapters); `make chapters` still writes book/."""
+    chapter once with papermill at scale=tiny in the lanes of `make chapters` (symlib.paper.lanes), every
+    file it writes under build/check/ (book/*.ipynb hold the committed cpu-scale chapters); `make chapters`
+    still writes book/."""
     script = dry_run("check-chapters")
     lines = script.splitlines()
     tiny = show("$(CHECK_CACHE)")[0]
     assert tiny != show("$(SYMLIB_CACHE)")[0] and tiny.endswith("/build/zoo-cache-tiny")
     caches = [i for i, line in enumerate(lines) if "-m symlib.paper.caches --scale tiny --device cpu" in line]
-    runs = [i for i, line in enumerate(lines) if "papermill" in line]
+    runs = [i for i, line in enumerate(lines) if "-m symlib.paper.lanes" in line]
     assert caches and runs and caches[0] < runs[0]
     joined = script.replace("\\\n", "")
     steps = [line for line in joined.splitlines() if re.search(r" (zoo|chapters) SCALE=tiny", line)]
     assert len(steps) == 2 and all(f"SYMLIB_CACHE={tiny}" in line for line in steps), steps
-    assert "xargs -P 2 -I{}" in script
     assert "1 thread(s) each (scale=tiny, device=cpu)" in script
-    executed = re.findall(r"-p scale (\S+) -p device (\S+) (\S+) (\S+)$", script, re.M)
-    moved = re.findall(r"^mv (\S+) (\S+)$", script, re.M)
-    written = re.findall(r"jupytext .* -o (\S+) ", script) + [p for *_, p in executed] + [p for _, p in moved]
+    (names, scale, device, n_lanes, threads, work, out), = re.findall(
+        r"-m symlib\.paper\.lanes (.+?) --scale (\S+) --device (\S+) --lanes (\d+) +--threads (\d+) "
+        r"+--work (\S+) --out (\S+)", joined)
     chapters = sorted(p.stem for p in (ROOT / "notebooks").glob("*.md"))
-    assert sorted(Path(p).stem for _, p in moved) == chapters  # every chapter once
-    assert {(s, d) for s, d, *_ in executed} == {("tiny", "cpu")}
-    converted = re.findall(r'for c in sys.argv\[2:\]\]" (\S+) ', joined)  # every chapter in one process
-    written += converted
-    assert converted == ["build/check/src"] and "jupytext --quiet" not in script
-    assert written and all(p.startswith("build/check/") for p in written), written
-    assert {str(Path(p).parent) for _, p in moved} == {"build/check/nb"}
-    assert "book/" not in script.replace("--cwd book", "")
-    default = dry_run("chapters", "CHAPTERS=toy", "CACHES_READY=1")
-    assert "mv build/nb/toy.out.ipynb book/toy.ipynb" in default
-    alone = dry_run("chapter", "CH=toy")  # a chapter on its own converts its source itself
-    assert "jupytext --quiet --to ipynb -o build/nb/toy.ipynb notebooks/toy.md" in alone
+    assert sorted(names.split()) == chapters  # every chapter once
+    assert (scale, device, n_lanes, threads) == ("tiny", "cpu", "2", "1")
+    assert (work, out) == ("build/check/src", "build/check/nb")
+    assert "jupytext" not in script and "book/" not in script
+    default = dry_run("chapters", "CHAPTERS=toy", "CACHES_READY=1").replace("\\\n", "")
+    assert re.search(r"-m symlib\.paper\.lanes toy --scale cpu --device cpu .*--work build/nb --out book",
+                     default)
+    alone = dry_run("chapter", "CH=toy").replace("\\\n", "")  # a chapter on its own: one lane, every core
+    assert re.search(r"-m symlib\.paper\.lanes toy --scale cpu --device cpu --threads 2 +--work build/nb "
+                     r"--out book", alone)
 
 
 def test_assignments_honours_its_chapter_list():

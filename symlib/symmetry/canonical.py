@@ -66,8 +66,10 @@ def _per_neuron(theta: Params, spec: Spec, a: Action, nb: int) -> torch.Tensor:
 def _reduce(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str, ...]):
     """``how`` (``"max"``, ``"sum"`` or ``"abs"``: the sum of magnitudes) of each row of :func:`_per_neuron`,
     ``(*batch, n)`` float64, without copying the parameter (sums accumulate in float64; a maximum is exact
-    in any dtype); a tuple of them for a tuple ``how`` (a grouped weight made dense once)."""
-    t = ops.dense_weight(theta, spec, a.param) if a.groups != 1 else theta[a.param]
+    in any dtype); a tuple of them for a tuple ``how``."""
+    if a.groups != 1:
+        return _reduce_grouped(theta, spec, a, nb, how)
+    t = theta[a.param]
     start, stop = spec.span(a)
     d = nb + a.axis
     t = t.narrow(d, start, stop - start)
@@ -83,6 +85,28 @@ def _reduce(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str,
             r = t.sum(dim=other, dtype=torch.float64) if other else t.to(torch.float64)
         r = r.reshape(*r.shape[:nb], (stop - start) // a.inner, a.inner)
         out.append(r.amax(-1) if h == "max" else r.sum(-1))
+    return out[0] if isinstance(how, str) else tuple(out)
+
+
+def _reduce_grouped(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str, ...]):
+    """:func:`_reduce` of a grouped convolution's input-channel action, from the stored weight: the row of
+    input channel ``g * C_in/G + j`` in the dense weight (:func:`symlib.symmetry.ops.dense_weight`) holds
+    ``W[o, j]`` for the outputs ``o`` of group ``g`` and zeros elsewhere, so its sums are those of the
+    stored entries and its maximum is theirs or zero (a depthwise layer's dense weight, ``C`` times the
+    stored one, is never built)."""
+    t = theta[a.param]
+    shape = spec.shapes[a.param]
+    t = t.reshape(*t.shape[:nb], a.groups, shape[0] // a.groups, *shape[1:])  # (*batch, G, C_out/G, k, ...)
+    other = [nb + 1, *range(nb + 3, t.ndim)]
+    out = []
+    for h in (how,) if isinstance(how, str) else how:
+        if h == "max":
+            r = t.amax(dim=other).to(torch.float64).clamp_min(0.0)  # the zeros of the other groups' rows
+        elif h == "abs":
+            r = torch.linalg.vector_norm(t, ord=1, dim=other, dtype=torch.float64)
+        else:
+            r = t.sum(dim=other, dtype=torch.float64)
+        out.append(r.flatten(-2))  # (*batch, G * k) = (*batch, C_in)
     return out[0] if isinstance(how, str) else tuple(out)
 
 
@@ -119,8 +143,7 @@ def scale_order(spec: Spec) -> list[str]:
     for label in spec.scales:
         params = {a.param for a in spec.incoming(label, "scale")}
         deps[label] = {
-            a.scale for a in spec.actions
-            if a.param in params and a.scale not in (None, label) and a.power < 0
+            a.scale for p in params for a in spec.on_param(p) if a.scale not in (None, label) and a.power < 0
         }
     return _topological(
         list(spec.scales), deps, "scaling",
@@ -142,15 +165,19 @@ def perm_order(spec: Spec, by: str = "incoming", key: str = "first") -> list[str
     for label in labels:
         acts = spec.incoming(label, "perm") if by == "incoming" else spec.outgoing(label, "perm")
         deps[label] = {
-            a.perm for a in spec.actions
-            if acts and a.param == acts[0].param and a.axis != acts[0].axis and a.perm not in (None, label)
+            a.perm for a in (spec.on_param(acts[0].param) if acts else ())
+            if a.axis != acts[0].axis and a.perm not in (None, label)
         }
     return _topological(labels, deps, "permutation", "sort with key='max'")
 
 
 def neuron_norms(theta: Params, spec: Spec, label: str, p: float = 2.0) -> torch.Tensor:
     """p-norm of the incoming weights of each neuron of scaling label ``label``: ``(*batch, n)``, float64."""
-    nb = len(spec.batch_shape(theta))
+    return _neuron_norms(theta, spec, label, p, len(spec.batch_shape(theta)))
+
+
+def _neuron_norms(theta: Params, spec: Spec, label: str, p: float, nb: int) -> torch.Tensor:
+    """:func:`neuron_norms` of a ``theta`` with ``nb`` batch dimensions, already checked against ``spec``."""
     acts = spec.incoming(label, "scale")
     if not acts:
         raise SymmetryError(f"scaling label {label!r} has no incoming weights in the spec")
@@ -197,8 +224,9 @@ def _normalize64(theta: Params, spec: Spec, p: float) -> Params:
         raise ValueError(f"p must be positive, got {p}")
     _check.validate(theta, spec)
     out = _float64(theta)
+    nb = len(spec.batch_shape(out))
     for label in scale_order(spec):
-        norms = neuron_norms(out, spec, label, p)
+        norms = _neuron_norms(out, spec, label, p, nb)
         dead = norms == 0
         if bool(dead.any()):
             raise SymmetryError(
@@ -249,7 +277,7 @@ def _keyed(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int, si
         k = (_per_neuron(theta, spec, acts[0], nb)[..., 0].to(torch.float64) if key == "first"
              else _reduce(theta, spec, acts[0], nb, "max"))
         out = [(k, k.abs() if sizes else None, rounds.key(acts[0]) if sizes else None)]
-    biases = [a for a in spec.actions if a.perm == label and a.power > 0 and a.param not in spec.weights
+    biases = [a for a in spec.of_label(label, "perm") if a.power > 0 and a.param not in spec.weights
               and len(spec.shapes[a.param]) == 1]
     out += [total([a]) for a in biases]
     for side in (spec.incoming(label, "perm"), spec.outgoing(label, "perm")):
@@ -285,8 +313,8 @@ class _Roundings:
     def entry(self, a: Action, inner_norm=None) -> int:
         norm = inner_norm or self.norm
         other: dict[int, int] = {}
-        for b in self.spec.actions:
-            if b.param == a.param and b.axis != a.axis and b.scale is not None and b.power != 0:
+        for b in self.spec.on_param(a.param):
+            if b.axis != a.axis and b.scale is not None and b.power != 0:
                 other[b.axis] = max(other.get(b.axis, 0), 1 + self._extra(b) + norm(b.scale))
         own = 1 + (self._extra(a) if a.scale is not None and a.power != 0 else 0)
         return own + sum(other.values())

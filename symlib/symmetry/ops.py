@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -110,6 +111,15 @@ def _check_element(g: Element, spec: Spec) -> None:
             raise SymmetryError(f"scaling {label!r} has non-positive entries: scalings must be > 0")
 
 
+def _acting(spec: Spec, labels: Mapping[str, torch.Tensor], kind: str):
+    """The actions of the ``kind`` labels in ``labels``, in the order of ``spec.actions`` (the order in
+    which they are applied): one label's from the spec's index (canonical forms and min-mass act one label
+    at a time), several by a scan of every action."""
+    if len(labels) == 1:
+        return spec.of_label(next(iter(labels)), kind)
+    return [a for a in spec.actions if getattr(a, kind) is not None and getattr(a, kind) in labels]
+
+
 def _grouped(v: torch.Tensor, a, spec: Spec) -> torch.Tensor:
     """Spread a ``(*batch, C_in)`` vector over the ``(C_out, C_in/G)`` axes of a grouped weight:
     entry ``[o, j]`` is ``v[g(o) * C_in/G + j]``, shaped to broadcast against the weight."""
@@ -143,8 +153,8 @@ def scale(theta: Params, spec: Spec, scales: dict[str, torch.Tensor]) -> Params:
     _check_element(Element(scales=scales), spec)
     out = dict(theta)
     merged: dict[tuple[str, int], list] = {}  # plain multiplications, one factor vector per axis
-    for a in spec.actions:
-        if a.scale is None or a.scale not in scales or a.power == 0:
+    for a in _acting(spec, scales, "scale"):
+        if a.power == 0:
             continue
         if a.groups == 1 and not a.offset:
             merged.setdefault((a.param, a.axis), []).append(a)
@@ -182,9 +192,7 @@ def permute(theta: Params, spec: Spec, perms: dict[str, torch.Tensor]) -> Params
     out = dict(theta)
     grouped = []
     merged: dict[tuple[str, int], list] = {}  # one element for every network: one index per axis
-    for a in spec.actions:
-        if a.perm is None or a.perm not in perms:
-            continue
+    for a in _acting(spec, perms, "perm"):
         if a.groups != 1:
             grouped.append(a)
             continue

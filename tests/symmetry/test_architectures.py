@@ -194,6 +194,44 @@ def test_grouped_action_is_the_dense_action():
     assert torch.allclose(torch.gather(d, 2, cols), moved, atol=1e-13)
 
 
+@pytest.mark.parametrize("groups, width", [(2, 4), (4, 8), (8, 8)])
+def test_grouped_sort_keys_are_those_of_the_dense_weight(groups, width):
+    """The sort keys of a grouped convolution's input channels, computed from the stored weight, equal the
+    maximum, sum and sum of magnitudes of the dense weight's columns (zeros of the other groups included),
+    for a stack of networks; the depthwise case (groups == channels) too."""
+    torch.manual_seed(groups)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, width, 3), torch.nn.ReLU(), torch.nn.Conv2d(width, 2 * width, 3, groups=groups),
+        torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(2 * width * 25, 5))
+    spec = spec_of(model, (3, 9, 9))
+    theta = {k: v.detach().double().expand(3, *v.shape) + torch.randn(3, *v.shape, dtype=torch.float64)
+             for k, v in model.state_dict().items()}
+    grouped = [a for a in spec.actions if a.groups != 1]
+    assert grouped
+    for a in grouped:
+        dense = ops.dense_weight(theta, spec, a.param).movedim(1 + a.axis, 1).flatten(2)
+        for how, ref in (("max", dense.amax(-1)), ("abs", dense.abs().sum(-1)), ("sum", dense.sum(-1))):
+            got = canonical._reduce(theta, spec, a, 1, how)
+            torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("arch", CANONICAL_ARCHS)
+def test_spec_index_answers_as_a_scan(arch):
+    """The per-label and per-parameter lookups of a spec (built once) return what a scan over every action
+    returns, in the same order."""
+    spec = make(arch).spec
+    for kind in ("perm", "scale"):
+        for label in (spec.perms if kind == "perm" else spec.scales):
+            assert spec.of_label(label, kind) == tuple(a for a in spec.actions if getattr(a, kind) == label)
+            assert spec.incoming(label, kind) == [a for a in spec.actions if getattr(a, kind) == label
+                                                  and a.param in spec.weights and a.power > 0]
+            assert spec.outgoing(label, kind) == [a for a in spec.actions if getattr(a, kind) == label
+                                                  and a.param in spec.weights and a.power < 0]
+    for param in spec.shapes:
+        assert spec.on_param(param) == tuple(a for a in spec.actions if a.param == param)
+    assert spec.of_label("no such label", "perm") == () and spec.on_param("no.such") == ()
+
+
 def test_random_grouped_elements_are_valid():
     sc = make("grouped")
     g = ops.random_element(sc.spec, "perm", batch=(200,), generator=_gen(10))

@@ -218,16 +218,17 @@ def test_resnet50_float32_canonical_form():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)  # warned: within the bound
         canon_sum = canonical.canonicalize(theta, spec, key="sum")
+    # the two forms above were checked to keep the function; the forms of g . theta are compared with them
     for seed in (1, 2, 3):
         g = ops.random_element(spec, "both", generator=torch.Generator().manual_seed(seed))
         moved = ops.act(g, theta, spec)
         with pytest.warns(canonical.AmbiguousCanonicalForm):
-            other = canonical.canonicalize(moved, spec, key="max")
+            other = canonical.canonicalize(moved, spec, key="max", check=False)
         diff, where = _relative_diff({k: canon[k] for k in canon if k not in touched},
                                      {k: other[k] for k in canon if k not in touched})
         assert diff < 1e-5, f"max key: {where!r} differs by {diff:.2e} though no ambiguous label acts on it"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)
-            moved_sum = canonical.canonicalize(moved, spec, key="sum")
+            moved_sum = canonical.canonicalize(moved, spec, key="sum", check=False)
         diff, where = _relative_diff(canon_sum, moved_sum)
         assert diff < 1e-5, f"sum key: {where!r} differs by {diff:.2e}"
