@@ -167,3 +167,19 @@ def canonical_pair(theta: dict, spec, seed: int, check: bool = True) -> tuple[di
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", canonical.AmbiguousCanonicalForm)
         return tuple(canonical.canonicalize(t, spec, check=check) for t in (theta, moved))
+
+
+def assert_canonical_invariant(spec, theta: dict, dtype, function_tol: float) -> None:
+    """The canonical form of ``theta`` (in ``dtype``) keeps its function to ``function_tol``, is that of
+    ``theta`` moved by a random group element on every decided tensor (:func:`decided`, more than half of
+    them), and is its own canonical form. canonicalize's own float64 check is skipped: its tolerance (1e-9)
+    is below a float32 RMSNorm's rounding."""
+    from symlib.symmetry import canonical, check
+
+    theta = cast(theta, dtype)
+    canon, other = canonical_pair(theta, spec, seed=4, check=False)
+    assert float(check.function_error(spec, theta, canon)) < function_tol
+    kept = decided(canon, theta, spec, dtype)
+    assert len(kept) > len(canon) // 2
+    assert max_diff(canon, other, kept) < (1e-9 if dtype == torch.float64 else 1e-5)
+    assert max_diff(canonical.canonicalize(canon, spec, check=False), canon, kept) < 1e-12

@@ -583,7 +583,7 @@ class AmbiguousCanonicalForm(UserWarning):
 
     The bound is first order and worst case: measured on ResNet-50, a "max" key of ``act(g, theta)`` moved
     by at most 2.9 u of itself (bound 8 u), and flips happened at gaps of at most 0.07 of the bound
-    (``benchmarks/canonical_ambiguity.py``). In chains of layers without normalisation (VGG, MLPs) it counts
+    (``tools/canonical_ambiguity.py``). In chains of layers without normalisation (VGG, MLPs) it counts
     the norms inside a norm as one rounding each (their worst case grows by three roundings a layer, but a
     norm averages the rounding of its whole fan-in)."""
 

@@ -19,7 +19,7 @@ whose two neurons have the same incoming weights in another order (the same norm
   elements swap the neurons.
 
 The user's ResNet-50 (torchvision, random BatchNorm, float32; 3 s) must have every flip named, and its
-label ``layer4.1.conv1`` too. ``benchmarks/canonical_ambiguity.py`` checks the warning against the flips of
+label ``layer4.1.conv1`` too. ``tools/canonical_ambiguity.py`` checks the warning against the flips of
 four torchvision models over many group elements.
 """
 

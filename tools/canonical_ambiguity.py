@@ -24,7 +24,7 @@ gap-over-bound ratio at which a flip happened, and the float64 flips and warning
 ``--json PATH`` every row and every flip is written there too. The last line is ``missed: <n>`` (flip
 events that neither call warned).
 
-    python benchmarks/canonical_ambiguity.py --models resnet50 vgg11 --elements 10 --dtype float32
+    python tools/canonical_ambiguity.py --models resnet50 vgg11 --elements 10 --dtype float32
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ checkpoint files (``torch.save`` state dicts of a small CNN, with ``--model`` an
 A module is crossed when one of its functions runs during the call (``sys.setprofile``); imports done
 before the call do not count. The command is counted whole (argparse assembles every group's parser) and
 from its parsed arguments on (the compare command's own path). The fewer modules a call crosses, the
-fewer files a reader opens to follow it. Run: ``python benchmarks/call_paths.py`` (seconds; prints the
+fewer files a reader opens to follow it. Run: ``python tools/call_paths.py`` (seconds; prints the
 counts and the modules).
 """
 
