@@ -14,8 +14,9 @@ runs each chapter as a reader's ``papermill`` would, in ``--lanes`` processes th
 
 A lane imports papermill and jupytext once for all its chapters, where a command per chapter paid
 about 2.5 s of start-up each (papermill's, and a second interpreter for the folding). A chapter whose cell
-fails leaves its partly executed copy in ``<work>``, is reported with the error, and the other chapters
-still run; the command then exits with status 1 (2 for a chapter that does not exist).
+fails leaves its partly executed copy in ``<work>`` and is reported with the error (so is one whose source
+cannot be read), and the other chapters still run; the command then exits with status 1 (2 for a chapter
+that does not exist).
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ def run_one(job: Job) -> tuple[str, float, str | None]:
           f"{os.environ.get('OMP_NUM_THREADS', '?')} thread(s))", flush=True)
     work, out = Path(job.work), Path(job.out)
     source, executed = work / f"{job.chapter}.ipynb", work / f"{job.chapter}.out.ipynb"
-    jupytext.write(jupytext.read(Path(job.src) / f"{job.chapter}.md"), source)
     try:
+        jupytext.write(jupytext.read(Path(job.src) / f"{job.chapter}.md"), source)
         papermill.execute_notebook(str(source), str(executed), parameters=settings,
                                    kernel_name="python3", cwd=job.cwd, progress_bar=False)
-    except Exception as err:  # noqa: BLE001 - a failed cell, or a kernel that died: reported, not raised
+    except Exception as err:  # noqa: BLE001 - a source jupytext cannot read, a failed cell, a kernel that
+        # died: reported with the chapter, not raised, so that the other chapters still run
         return job.chapter, time.perf_counter() - start, f"{type(err).__name__}: {err}"
     fold_parameters(str(executed))
     shutil.move(executed, out / f"{job.chapter}.ipynb")
@@ -108,8 +110,9 @@ def run(chapters: list[str], *, scale: str, device: str, lanes: int, threads: in
             else:
                 failed.append(chapter)
                 partial = Path(work) / f"{chapter}.out.ipynb"
-                print(f"== chapter {chapter} FAILED after {seconds:.0f} s (its partly executed copy: "
-                      f"{partial})\n{error}", file=sys.stderr, flush=True)
+                where = f" (its partly executed copy: {partial})" if partial.is_file() else ""
+                print(f"== chapter {chapter} FAILED after {seconds:.0f} s{where}\n{error}", file=sys.stderr,
+                      flush=True)
     return failed
 
 

@@ -84,9 +84,16 @@ def test_the_command_exits_1_on_a_failed_chapter_and_2_on_an_unknown_one(book, c
             str(book / "notebooks"), "--cwd", str(book / "pages")]
     assert lanes.main(["fails", *args]) == 1
     assert "1 chapter(s) failed: fails" in capsys.readouterr().err
+    (book / "notebooks" / "broken.md").write_bytes(b"\xff\xfe not UTF-8")  # jupytext cannot read it
+    assert lanes.main(["broken", "first", *args]) == 1  # reported with its chapter, the others still run
+    err = capsys.readouterr().err
+    assert "== chapter broken FAILED" in err and "1 chapter(s) failed: broken" in err
+    assert "partly executed" not in err.split("== chapter broken FAILED")[1].splitlines()[0]  # none was made
+    assert (book / "out" / "first.ipynb").is_file()
+    (book / "out" / "first.ipynb").unlink()
     assert lanes.main(["first", "nosuch", *args]) == 2
     err = capsys.readouterr().err
-    assert "no chapter nosuch in" in err and "the chapters are fails, first, last" in err
+    assert "no chapter nosuch in" in err and "the chapters are broken, fails, first, last" in err
     assert not (book / "out" / "first.ipynb").exists()  # refused before running anything
     with pytest.raises(ValueError, match="at least 1"):
         lanes.run(["first"], scale="tiny", device="cpu", lanes=0, threads=1, work=str(book / "w"),
