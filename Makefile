@@ -130,7 +130,7 @@ CHECK_CACHES = $(if $(CACHES_READY),echo "== the shared caches: checked by make 
   $(if $(filter table1,$(CHAPTERS)),,--no-table1) \
   $(if $(filter true_posterior,$(CHAPTERS)),--true-posterior,--no-true-posterior)))
 chapters: $(VENV)/.installed
-	mkdir -p $(NB_DIR) $(CHAPTER_OUT) $(MPLCONFIGDIR) $(IPYTHONDIR)
+	mkdir -p $(MPLCONFIGDIR) $(IPYTHONDIR)
 	$(CHECK_CACHES)
 	echo "== $(words $(CHAPTERS)) chapter(s), $(LANES) at a time, $(LANE_THREADS) thread(s) each (scale=$(SCALE), device=$(DEVICE))"
 	start=$$(date +%s)
@@ -200,9 +200,10 @@ test:
 # executed at scale=tiny (each asserts its own claims; a cell error fails the phase) and the strict book from
 # the committed chapters (the teacher's edition: book-check-teacher), stopping at the first failure. The tiny
 # chapters run in the lanes of `make chapters` into build/check/nb only (a failed one's partly executed copy:
-# build/check/src/<chapter>.out.ipynb), never into book/*.ipynb, which hold the committed cpu-scale chapters; `make zoo` at scale=tiny fills their
-# caches first, in a folder of their own (every cache key holds the scale, or sampler settings that differ
-# per scale, but so build/zoo-cache stays as make zoo left it).
+# build/check/src/<chapter>.out.ipynb), never into book/*.ipynb, which hold the committed cpu-scale
+# chapters; `make zoo` at scale=tiny fills their caches first, in a folder of their own (every cache key
+# holds the scale, or sampler settings that differ per scale, but so build/zoo-cache stays as make zoo
+# left it).
 # The tiny chapters and the strict book share a phase, side by side (check-tiny-and-book): neither reads what
 # the other writes, and the book's single process fills what the lanes leave of the cores (their kernels'
 # start-up is serial); the book's output goes to build/check/book-check.log, shown when it fails.

@@ -42,7 +42,8 @@ class Job:
     work: str
     out: str
     cwd: str
-    parameters: tuple[tuple[str, str], ...]
+    scale: str
+    device: str
 
 
 def _lane(threads: int) -> None:
@@ -63,15 +64,14 @@ def run_one(job: Job) -> tuple[str, float, str | None]:
 
     logging.getLogger("papermill").setLevel(logging.WARNING)
     start = time.perf_counter()
-    settings = dict(job.parameters)
-    print(f"== chapter {job.chapter} (scale={settings['scale']}, device={settings['device']}, "
+    print(f"== chapter {job.chapter} (scale={job.scale}, device={job.device}, "
           f"{os.environ.get('OMP_NUM_THREADS', '?')} thread(s))", flush=True)
     work, out = Path(job.work), Path(job.out)
     source, executed = work / f"{job.chapter}.ipynb", work / f"{job.chapter}.out.ipynb"
     try:
         jupytext.write(jupytext.read(Path(job.src) / f"{job.chapter}.md"), source)
-        papermill.execute_notebook(str(source), str(executed), parameters=settings,
-                                   kernel_name="python3", cwd=job.cwd, progress_bar=False)
+        papermill.execute_notebook(str(source), str(executed), kernel_name="python3", cwd=job.cwd,
+                                   parameters={"scale": job.scale, "device": job.device}, progress_bar=False)
     except Exception as err:  # noqa: BLE001 - a source jupytext cannot read, a failed cell, a kernel that
         # died: reported with the chapter, not raised, so that the other chapters still run
         return job.chapter, time.perf_counter() - start, f"{type(err).__name__}: {err}"
@@ -96,8 +96,7 @@ def run(chapters: list[str], *, scale: str, device: str, lanes: int, threads: in
         raise ValueError(f"lanes and threads must be at least 1, got {lanes} and {threads}")
     for folder in (work, out):
         Path(folder).mkdir(parents=True, exist_ok=True)
-    params = (("scale", scale), ("device", device))
-    jobs = [Job(c, src, work, out, cwd, params) for c in chapters]
+    jobs = [Job(c, src, work, out, cwd, scale, device) for c in chapters]
     failed = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(lanes, max(len(jobs), 1)), initializer=_lane,
                                                 initargs=(threads,)) as pool:

@@ -73,7 +73,17 @@ def _reduce(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str,
     start, stop = spec.span(a)
     d = nb + a.axis
     t = t.narrow(d, start, stop - start)
-    other = [i for i in range(nb, t.ndim) if i != d]
+    out = []
+    for h, r in _reductions(t, [i for i in range(nb, t.ndim) if i != d], how):
+        r = r.reshape(*r.shape[:nb], (stop - start) // a.inner, a.inner)
+        out.append(r.amax(-1) if h == "max" else r.sum(-1))
+    return out[0] if isinstance(how, str) else tuple(out)
+
+
+def _reductions(t: torch.Tensor, other: list[int], how: str | tuple[str, ...]):
+    """``[(h, r), ...]``: for each ``h`` of ``how``, ``t``'s maximum, sum of magnitudes (``"abs"``) or sum
+    over the dimensions ``other`` (``t`` itself, made non-negative for ``"abs"``, where there are none), in
+    float64 (sums accumulate in float64; a maximum is exact in any dtype)."""
     out = []
     for h in (how,) if isinstance(how, str) else how:
         if h == "max":
@@ -83,9 +93,8 @@ def _reduce(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str,
                  else t.abs().to(torch.float64))
         else:
             r = t.sum(dim=other, dtype=torch.float64) if other else t.to(torch.float64)
-        r = r.reshape(*r.shape[:nb], (stop - start) // a.inner, a.inner)
-        out.append(r.amax(-1) if h == "max" else r.sum(-1))
-    return out[0] if isinstance(how, str) else tuple(out)
+        out.append((h, r))
+    return out
 
 
 def _reduce_grouped(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str, ...]):
@@ -97,15 +106,9 @@ def _reduce_grouped(theta: Params, spec: Spec, a: Action, nb: int, how: str | tu
     t = theta[a.param]
     shape = spec.shapes[a.param]
     t = t.reshape(*t.shape[:nb], a.groups, shape[0] // a.groups, *shape[1:])  # (*batch, G, C_out/G, k, ...)
-    other = [nb + 1, *range(nb + 3, t.ndim)]
     out = []
-    for h in (how,) if isinstance(how, str) else how:
-        if h == "max":
-            r = t.amax(dim=other).to(torch.float64).clamp_min(0.0)  # the zeros of the other groups' rows
-        elif h == "abs":
-            r = torch.linalg.vector_norm(t, ord=1, dim=other, dtype=torch.float64)
-        else:
-            r = t.sum(dim=other, dtype=torch.float64)
+    for h, r in _reductions(t, [nb + 1, *range(nb + 3, t.ndim)], how):
+        r = r.clamp_min(0.0) if h == "max" else r  # a maximum with the zeros of the other groups' rows
         out.append(r.flatten(-2))  # (*batch, G * k) = (*batch, C_in)
     return out[0] if isinstance(how, str) else tuple(out)
 

@@ -62,8 +62,8 @@ def _log10_factorial(n: int) -> float:
 def _weights(spec: Spec, label: str) -> list[str]:
     """Weights whose rows (outputs) carry permutation ``label``."""
     out = []
-    for a in spec.actions:
-        if a.perm == label and a.axis == 0 and a.power > 0 and a.param in spec.weights and a.param not in out:
+    for a in spec.of_label(label, "perm"):
+        if a.axis == 0 and a.power > 0 and a.param in spec.weights and a.param not in out:
             out.append(a.param)
     return out
 
@@ -120,7 +120,7 @@ def count(spec: Spec) -> list[dict]:
     shifts = _biases.dims(spec)
     scale_dof: dict[str | None, int] = {}
     for s, n in spec.scales.items():
-        perm = {a.perm for a in spec.actions if a.scale == s}
+        perm = {a.perm for a in spec.of_label(s, "scale")}
         key = perm.pop() if len(perm) == 1 else None
         scale_dof[key] = scale_dof.get(key, 0) + n
     first_of_tie: set[str] = set()

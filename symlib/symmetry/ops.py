@@ -117,7 +117,7 @@ def _acting(spec: Spec, labels: Mapping[str, torch.Tensor], kind: str):
     at a time), several by a scan of every action."""
     if len(labels) == 1:
         return spec.of_label(next(iter(labels)), kind)
-    return [a for a in spec.actions if getattr(a, kind) is not None and getattr(a, kind) in labels]
+    return [a for a in spec.actions if getattr(a, kind) in labels]
 
 
 def _grouped(v: torch.Tensor, a, spec: Spec) -> torch.Tensor:

@@ -388,7 +388,7 @@ class Spec:
 
     def perm_of_scale(self, scale: str) -> str | None:
         """The permutation label that reorders the entries of scaling label ``scale``."""
-        perms = {a.perm for a in self.actions if a.scale == scale}
+        perms = {a.perm for a in self.of_label(scale, "scale")}
         if len(perms) != 1:
             raise SymmetryError(f"scaling label {scale!r} is permuted by {perms}, expected one label")
         return perms.pop()
