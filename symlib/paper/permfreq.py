@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from symlib.symmetry import canonical
+from symlib.symmetry import check as _check
+from symlib.symmetry.keys import _key
 from symlib.symmetry.spec import Params, Spec
 
 KEYS = ("max", "first")
@@ -111,8 +113,8 @@ def _max_ranks(theta: Params, spec: Spec) -> dict[str, torch.Tensor]:
     nb = len(spec.batch_shape(theta))
     finite = torch.stack([torch.isfinite(theta[n]).all() for n in sorted(spec.weights)])
     if not bool(finite.all()):  # one synchronisation, not one per tensor
-        canonical._check.validate(theta, spec)  # names the tensor
-    return {label: canonical._key(theta, spec, label, "max", "incoming", nb).long() for label in spec.perms}
+        _check.validate(theta, spec)  # names the tensor
+    return {label: _key(theta, spec, label, "max", "incoming", nb).long() for label in spec.perms}
 
 
 @dataclasses.dataclass(frozen=True)

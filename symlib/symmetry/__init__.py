@@ -7,6 +7,8 @@
 * :mod:`~symlib.symmetry.check`: does a transformed network compute the same function?
 * :mod:`~symlib.symmetry.counting`: how many symmetries (paper App. D.4);
 * :mod:`~symlib.symmetry.canonical`: canonical forms (normalise, sort, ``canonicalize``);
+* :mod:`~symlib.symmetry.keys`: the sort keys and norms of a layer's neurons, which canonical forms use;
+* :mod:`~symlib.symmetry.rounding`: how far rounding moves a sort key, and the warning of an ambiguous form;
 * :mod:`~symlib.symmetry.minmass`: the lightest network of a scaling orbit (paper §3.6);
 * :mod:`~symlib.symmetry.align`: aligning two networks or posteriors by permutations;
 * :mod:`~symlib.symmetry.merge`: merging two networks after weight or activation matching;
@@ -19,6 +21,6 @@ architectures). Submodules load on first access.
 
 from symlib._lazy import submodules
 
-__all__ = ["align", "biases", "canonical", "check", "continuous", "counting", "merge", "minmass", "ops",
-           "spec", "stream", "trace"]
+__all__ = ["align", "biases", "canonical", "check", "continuous", "counting", "keys", "merge", "minmass",
+           "ops", "rounding", "spec", "stream", "trace"]
 __getattr__, __dir__ = submodules(__name__, __all__)

@@ -19,8 +19,12 @@ r"""Removing symmetries a posteriori (book: chapter "A gentle example"; paper Ap
   on, may differ between ``theta`` and ``g . theta``. :func:`ambiguity` gives each
   gap over the bound of that rounding (below 1: ambiguous).
 * :func:`fix_softmax_shift` removes the softmax additive symmetry.
-* :class:`AmbiguousCanonicalForm`: the warning :func:`canonicalize` gives when some label's gap is
-  below its bound; its docstring derives the bound from the input dtype's unit roundoff.
+* :class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm`: the warning :func:`canonicalize` gives when
+  some label's gap is below its bound; its docstring derives the bound from the input dtype's unit
+  roundoff.
+
+The sort keys and norms are :mod:`symlib.symmetry.keys`'s, the rounding bounds and gaps
+:mod:`symlib.symmetry.rounding`'s; this module orders the labels and applies the group elements.
 
 Real architectures (specs from :func:`symlib.symmetry.trace.spec_of`, paper App. D.4):
 
@@ -43,74 +47,17 @@ computes the same function afterwards (:func:`symlib.symmetry.check.assert_same_
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
 
 import torch
 
 from symlib.symmetry import check as _check
 from symlib.symmetry import ops
-from symlib.symmetry.spec import Action, Params, Spec, SymmetryError
+from symlib.symmetry.keys import KEYS, _keyed, _lexicographic, _neuron_norms, _quantize, neuron_norms
+from symlib.symmetry.rounding import AmbiguousCanonicalForm, _Gap, _margin, _roundoff, _worse
+from symlib.symmetry.spec import Params, Spec, SymmetryError
 
-
-def _per_neuron(theta: Params, spec: Spec, a: Action, nb: int) -> torch.Tensor:
-    """Parameter ``a.param`` as one row per entry of the label, ``(*batch, n, rest)``: the slice of the axis
-    the action covers, its ``inner`` entries per label entry and every other axis flattened into the row
-    (grouped convolution weights are made dense first, :func:`symlib.symmetry.ops.dense_weight`)."""
-    t = ops.dense_weight(theta, spec, a.param) if a.groups != 1 else theta[a.param]
-    start, stop = spec.span(a)
-    t = t.narrow(nb + a.axis, start, stop - start).movedim(nb + a.axis, nb)
-    n = (stop - start) // a.inner
-    return t.reshape(*t.shape[:nb], n, -1)
-
-
-def _reduce(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str, ...]):
-    """``how`` (``"max"``, ``"sum"`` or ``"abs"``: the sum of magnitudes) of each row of :func:`_per_neuron`,
-    ``(*batch, n)`` float64, without copying the parameter (sums accumulate in float64; a maximum is exact
-    in any dtype); a tuple of them for a tuple ``how``."""
-    if a.groups != 1:
-        return _reduce_grouped(theta, spec, a, nb, how)
-    t = theta[a.param]
-    start, stop = spec.span(a)
-    d = nb + a.axis
-    t = t.narrow(d, start, stop - start)
-    out = []
-    for h, r in _reductions(t, [i for i in range(nb, t.ndim) if i != d], how):
-        r = r.reshape(*r.shape[:nb], (stop - start) // a.inner, a.inner)
-        out.append(r.amax(-1) if h == "max" else r.sum(-1))
-    return out[0] if isinstance(how, str) else tuple(out)
-
-
-def _reductions(t: torch.Tensor, other: list[int], how: str | tuple[str, ...]):
-    """``[(h, r), ...]``: for each ``h`` of ``how``, ``t``'s maximum, sum of magnitudes (``"abs"``) or sum
-    over the dimensions ``other`` (``t`` itself, made non-negative for ``"abs"``, where there are none), in
-    float64 (sums accumulate in float64; a maximum is exact in any dtype)."""
-    out = []
-    for h in (how,) if isinstance(how, str) else how:
-        if h == "max":
-            r = (t.amax(dim=other) if other else t).to(torch.float64)
-        elif h == "abs":
-            r = (torch.linalg.vector_norm(t, ord=1, dim=other, dtype=torch.float64) if other
-                 else t.abs().to(torch.float64))
-        else:
-            r = t.sum(dim=other, dtype=torch.float64) if other else t.to(torch.float64)
-        out.append((h, r))
-    return out
-
-
-def _reduce_grouped(theta: Params, spec: Spec, a: Action, nb: int, how: str | tuple[str, ...]):
-    """:func:`_reduce` of a grouped convolution's input-channel action, from the stored weight: the row of
-    input channel ``g * C_in/G + j`` in the dense weight (:func:`symlib.symmetry.ops.dense_weight`) holds
-    ``W[o, j]`` for the outputs ``o`` of group ``g`` and zeros elsewhere, so its sums are those of the
-    stored entries and its maximum is theirs or zero (a depthwise layer's dense weight, ``C`` times the
-    stored one, is never built)."""
-    t = theta[a.param]
-    shape = spec.shapes[a.param]
-    t = t.reshape(*t.shape[:nb], a.groups, shape[0] // a.groups, *shape[1:])  # (*batch, G, C_out/G, k, ...)
-    out = []
-    for h, r in _reductions(t, [nb + 1, *range(nb + 3, t.ndim)], how):
-        r = r.clamp_min(0.0) if h == "max" else r  # a maximum with the zeros of the other groups' rows
-        out.append(r.flatten(-2))  # (*batch, G * k) = (*batch, C_in)
-    return out[0] if isinstance(how, str) else tuple(out)
+__all__ = ["AmbiguousCanonicalForm", "KEYS", "ambiguity", "canonicalize", "fix_softmax_shift", "margins",
+           "neuron_norms", "normalize", "perm_order", "scale_order", "sort", "sort_perms"]
 
 
 def _float64(theta: Params) -> Params:
@@ -174,23 +121,6 @@ def perm_order(spec: Spec, by: str = "incoming", key: str = "first") -> list[str
     return _topological(labels, deps, "permutation", "sort with key='max'")
 
 
-def neuron_norms(theta: Params, spec: Spec, label: str, p: float = 2.0) -> torch.Tensor:
-    """p-norm of the incoming weights of each neuron of scaling label ``label``: ``(*batch, n)``, float64."""
-    return _neuron_norms(theta, spec, label, p, len(spec.batch_shape(theta)))
-
-
-def _neuron_norms(theta: Params, spec: Spec, label: str, p: float, nb: int) -> torch.Tensor:
-    """:func:`neuron_norms` of a ``theta`` with ``nb`` batch dimensions, already checked against ``spec``."""
-    acts = spec.incoming(label, "scale")
-    if not acts:
-        raise SymmetryError(f"scaling label {label!r} has no incoming weights in the spec")
-    def power(x):  # |x|^p; for p = 2 one pass (the same numbers as abs().pow(2))
-        return x.square() if p == 2 else x.abs().pow(p)
-
-    total = sum(power(_per_neuron(theta, spec, a, nb).to(torch.float64)).sum(-1) for a in acts)
-    return total.pow(1.0 / p)
-
-
 def _finish(spec: Spec, before: Params, after: Params, check: bool, what: str) -> Params:
     if check and spec.forward is not None:
         _check.assert_same_function(spec, before, after, what=what)
@@ -239,198 +169,6 @@ def _normalize64(theta: Params, spec: Spec, p: float) -> Params:
             )
         out = ops.scale(out, spec, {label: 1.0 / norms})
     return out
-
-
-KEYS = ("max", "first", "sum")
-
-
-def _quantize(k: torch.Tensor, rel: float = 1e-9) -> torch.Tensor:
-    """``k`` rounded to ``rel`` times its largest magnitude along the last axis."""
-    unit = k.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(k.dtype).tiny) * rel
-    return torch.round(k / unit)
-
-
-def _keys(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> list[torch.Tensor]:
-    """The sort keys of ``label``'s neurons, primary first, ``(*batch, n)`` float64 each (:func:`_key`)."""
-    return [k for k, _, _ in _keyed(theta, spec, label, key, by, nb, sizes=False)]
-
-
-def _keyed(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int, sizes: bool = True):
-    """:func:`_keys` with, per key, its size ``A`` (``(*batch, n)``: ``|k|`` for a key that is one weight,
-    the sum of the magnitudes of its terms for a sum, plus the offset of each running-variance entry) and
-    the number ``c`` of roundings that bound its error (:class:`_Roundings`): ``[(key, A, c), ...]``
-    (``A`` and ``c`` are ``None`` without ``sizes``)."""
-    acts = spec.incoming(label, "perm") if by == "incoming" else spec.outgoing(label, "perm")
-    if not acts:
-        raise SymmetryError(f"permutation label {label!r} has no {by} weights to sort by")
-    if key not in KEYS:
-        raise ValueError(f"key must be one of {KEYS}, got {key!r}")
-    rounds = _Roundings(spec) if sizes else None
-
-    def total(side):  # one sum key over the actions of one side, its size and its roundings
-        if not sizes:
-            return sum(_reduce(theta, spec, a, nb, "sum") for a in side), None, None
-        parts = [_reduce(theta, spec, a, nb, ("sum", "abs")) for a in side]
-        size = sum(m + a.offset * a.inner for a, (_, m) in zip(side, parts, strict=True))
-        return sum(k for k, _ in parts), size, max(rounds.key(a) for a in side)
-
-    if key == "sum":
-        out = [total(acts[:1])]
-    else:
-        k = (_per_neuron(theta, spec, acts[0], nb)[..., 0].to(torch.float64) if key == "first"
-             else _reduce(theta, spec, acts[0], nb, "max"))
-        out = [(k, k.abs() if sizes else None, rounds.key(acts[0]) if sizes else None)]
-    biases = [a for a in spec.of_label(label, "perm") if a.power > 0 and a.param not in spec.weights
-              and len(spec.shapes[a.param]) == 1]
-    out += [total([a]) for a in biases]
-    for side in (spec.incoming(label, "perm"), spec.outgoing(label, "perm")):
-        if side:
-            out.append(total(side))
-    return out
-
-
-class _Roundings:
-    r"""How many roundings of the input's dtype (units of its unit roundoff ``u``) bound the error of a
-    key's entries in the canonical form of ``act(g, theta)`` (:class:`AmbiguousCanonicalForm` derives it).
-
-    :meth:`entry` counts those of one entry of ``act(g, theta)`` after the canonical form's scalings: the
-    product along the action's own axis (1; the rounding of the factor itself is common to every entry of
-    the neuron and cancels against the norm that divides it back out), a reciprocal or a square of the
-    factor (power -1 or 2: 1), an offset added and taken away (a running variance's eps: 2), and per other
-    scaled axis of the parameter its product, its reciprocal and the roundings of the norm that divides
-    that axis's scale back out (:meth:`norm`). :meth:`norm` counts the roundings of a scaling label's norm,
-    a weighted mean of its incoming weights' entry errors, so at most theirs, the norms inside those counted
-    as one rounding each (exact where every chain of scalings ends at a BatchNorm's gamma, which has one
-    product; in a chain of layers without normalisation the worst case would grow by three roundings a
-    layer, but a norm averages the rounding of its whole fan-in). :meth:`key` adds the norm that
-    normalises the action's own axis."""
-
-    def __init__(self, spec: Spec):
-        self.spec = spec
-        self._norms: dict[str, int] = {}
-
-    @staticmethod
-    def _extra(a: Action) -> int:
-        return int(a.power < 0 or abs(a.power) >= 2) + 2 * int(bool(a.offset))
-
-    def entry(self, a: Action, inner_norm=None) -> int:
-        norm = inner_norm or self.norm
-        other: dict[int, int] = {}
-        for b in self.spec.on_param(a.param):
-            if b.axis != a.axis and b.scale is not None and b.power != 0:
-                other[b.axis] = max(other.get(b.axis, 0), 1 + self._extra(b) + norm(b.scale))
-        own = 1 + (self._extra(a) if a.scale is not None and a.power != 0 else 0)
-        return own + sum(other.values())
-
-    def norm(self, scale: str | None) -> int:
-        if scale is None:
-            return 0
-        if scale not in self._norms:
-            acts = self.spec.incoming(scale, "scale")
-            self._norms[scale] = max((self.entry(a, inner_norm=lambda s: int(s is not None)) for a in acts),
-                                     default=1)
-        return self._norms[scale]
-
-    def key(self, a: Action) -> int:
-        return self.entry(a) + (self.norm(a.scale) if a.power != 0 else 0)
-
-
-def _lexicographic(keys: list[torch.Tensor]) -> torch.Tensor:
-    """The stable lexicographic order of the quantized ``keys`` (primary first): ``(*batch, n)`` indices."""
-    order = keys[-1].argsort(dim=-1, stable=True)
-    for k in reversed(keys[:-1]):
-        order = torch.gather(order, -1, torch.gather(k, -1, order).argsort(dim=-1, stable=True))
-    return order
-
-
-def _key(theta: Params, spec: Spec, label: str, key: str, by: str, nb: int) -> torch.Tensor:
-    """Each neuron's rank in the sort order of ``label``: ``(*batch, n)``, a permutation of 0..n-1.
-
-    The primary key is the largest (``"max"``), the first (``"first"``) or the sum
-    (``"sum"``) of the incoming (outgoing) weights, computed in float64. Ties, which
-    occur in degenerate layers (e.g. after a width-1 layer every normalised
-    incoming weight is +-1), are broken lexicographically by keys that are just
-    as invariant: the neuron's bias, the sum of its incoming weights and the sum
-    of its outgoing weights (sums over the axes other labels permute). Keys equal
-    to 1e-9 of their largest magnitude tie; neurons equal on every key keep
-    their order (a stable sort), which is deterministic for a given input.
-    """
-    keys = [_quantize(k) for k in _keys(theta, spec, label, key, by, nb)]
-    return _lexicographic(keys).argsort(dim=-1).to(torch.float64)
-
-
-class _Gap(NamedTuple):
-    """How surely an order is decided, ``(*batch, ...)`` each: ``margin``, the smallest relative raw gap of a
-    decision (:func:`margins`); ``ratio``, the smallest of the decisions' distances from changing over what
-    rounding can move them (:func:`ambiguity`)."""
-
-    margin: torch.Tensor
-    ratio: torch.Tensor
-
-
-def _gaps(keys: list[torch.Tensor], bounds: list[torch.Tensor], first: torch.Tensor,
-          second: torch.Tensor) -> _Gap:
-    """How surely neurons ``first`` and ``second`` (``(*batch, m)`` indices each) are ordered.
-
-    Every key up to and including the one that decides their order (the first on which their quantized
-    values differ) is a decision, unless they tie on it exactly (a raw gap of 0: duplicates, structural
-    ties); its raw gap, relative to the key's largest magnitude over the label, counts for ``margin``.
-    ``bounds`` (absolute, one tensor per key) say how far rounding can move each neuron's key. A deciding
-    key keeps the order while the gap exceeds the two bounds plus one quantum (so that they cannot end in
-    one quantum either): ``ratio`` is the gap over that. A key on which they tie after quantisation but not
-    before keeps the tie only while neither key can cross a quantum boundary (the quanta are 1e-9 of the
-    largest key, which moves too): ``ratio`` is the smaller of the two keys' distances to their nearest
-    boundary over their motion, below 1 for every such tie in float32 (keys move by hundreds of quanta)
-    and almost never in float64 (by 1e-6 of one). A deciding key also keeps the order while neither
-    quantized key can change, whatever the gap. Neurons tied exactly on every key get margin and ratio 0."""
-    inf = torch.full(first.shape, float("inf"), dtype=torch.float64, device=first.device)
-    margin, ratio = inf, inf
-    tiny = torch.finfo(torch.float64).tiny
-    open_ = torch.ones(first.shape, dtype=torch.bool, device=first.device)
-    for k, e in zip(keys, bounds, strict=True):
-        top = k.abs().amax(-1, keepdim=True).clamp_min(tiny)
-        quantum = top * 1e-9  # as in _quantize
-        q = torch.round(k / quantum)
-        slack = (0.5 - (k / quantum - q).abs()) * quantum  # distance to the nearest quantum boundary
-        motion = e + k.abs() * e.amax(-1, keepdim=True) / top  # the key's, and the quanta's (top moves)
-        stable = torch.where(motion > 0, slack / motion.clamp_min(tiny), torch.full_like(k, float("inf")))
-
-        def pair(t):
-            return torch.gather(t, -1, first), torch.gather(t, -1, second)
-
-        (ka, kb), (ea, eb), (sa, sb), (qa, qb) = pair(k), pair(e), pair(stable), pair(q)
-        gap = (kb - ka).abs()
-        neither = torch.minimum(sa, sb)  # how far both quantized keys are from changing
-        decides = open_ & (qa != qb)
-        tie = open_ & (qa == qb) & (gap > 0)
-        margin = torch.where(decides | tie, torch.minimum(margin, gap / top), margin)
-        r = torch.where(decides, torch.maximum(gap / (ea + eb + quantum), neither), inf)
-        r = torch.where(tie, neither, r)
-        ratio = torch.minimum(ratio, r)
-        open_ = open_ & ~decides
-    tied = open_ & torch.isinf(margin)  # equal on every key
-    zero = torch.zeros_like(margin)
-    return _Gap(torch.where(tied, zero, margin), torch.where(tied, zero, ratio))
-
-
-def _margin(keys: list[torch.Tensor], bounds: list[torch.Tensor], step: torch.Tensor,
-            blocks: int = 1) -> _Gap:
-    """The smallest :func:`_gaps` between neurons that ``step`` puts next to each other (inside a block),
-    ``(*batch,)`` each; ``inf`` for a label of one neuron per block."""
-    n = step.shape[-1]
-    k = n // blocks
-    pos = torch.arange(n - 1, device=step.device)
-    pairs = pos[(pos % k) != k - 1]
-    if not len(pairs):
-        inf = torch.full(step.shape[:-1], float("inf"), dtype=torch.float64, device=step.device)
-        return _Gap(inf, inf)
-    g = _gaps(keys, bounds, step[..., pairs], step[..., pairs + 1])
-    return _Gap(g.margin.amin(-1), g.ratio.amin(-1))
-
-
-def _worse(a: _Gap, b: _Gap) -> _Gap:
-    """The smaller margin and the smaller ratio of two :class:`_Gap`."""
-    return _Gap(torch.minimum(a.margin, b.margin), torch.minimum(a.ratio, b.ratio))
 
 
 def _sort_perms(theta, spec: Spec, key: str, by: str, report: dict | None = None,
@@ -548,56 +286,6 @@ def _scaled64(theta: Params, spec: Spec, p: float, scaling: str | None) -> Param
     return dict(theta)  # permutations are exact in any dtype; keys are computed in float64
 
 
-class AmbiguousCanonicalForm(UserWarning):
-    r""":func:`canonicalize` met labels whose neighbouring neurons' sort keys are closer than the rounding of
-    the input's dtype can move them: their order, hence the canonical form of every tensor they act on, may
-    differ between ``theta`` and ``act(g, theta)``. A ``UserWarning``: the form is still a valid member of
-    the orbit.
-
-    The bound (:func:`ambiguity`). ``act(g, theta)`` is computed in the input's dtype, of unit roundoff
-    :math:`u = \mathrm{eps}/2` (:math:`2^{-24} \approx 6 \times 10^{-8}` in float32), and the canonical form
-    divides the scalings back out in float64 (exactly, to float64 rounding). So each weight it sorts by
-    differs from the one ``theta`` gives by a relative :math:`r u` at most, :math:`r` counting the roundings
-    of ``ops.scale`` that do not cancel: one for the product along the neuron's own axis (the factor's own
-    rounding is common to the whole neuron and cancels in its normalisation), one more for a reciprocal or
-    squared factor, two for a running variance's eps, and for each other scaled axis of the weight one for
-    its product, one for its reciprocal factor and those of the norm that divides that scale back out (one
-    for a BatchNorm's gamma). A norm :math:`\lVert w \rVert` is a weighted mean of its weights' relative
-    errors, so it carries at most their :math:`r` too. A key then moves by at most :math:`e = c u A`, with
-    :math:`c` the roundings of its weights plus those of the neuron's norm and
-
-    * :math:`A = |k|` for a key that is one weight (``"max"``, ``"first"``: :math:`w_j / \lVert w \rVert`
-      moves by :math:`2 r u` of itself, weight and norm);
-    * :math:`A = \sum_i |w_i| / \lVert w \rVert \le \sqrt{n}` for a sum over a fan-in of :math:`n`
-      (``"sum"``, and the tie-breaking sums of incoming and outgoing weights);
-    * :math:`A = |b|` for a bias or running statistic (:math:`|b| + \epsilon` for a running variance).
-
-    Two neighbours keep their order if, on the key that decides it, their gap exceeds
-    :math:`e_i + e_j` (plus the 1e-9 quantum, so they cannot end in one quantum), and on each earlier key on
-    which they tie after quantisation with a raw gap (below the quantum) neither key can cross a quantum
-    boundary: in float32 keys move by hundreds of quanta, so such a tie is always ambiguous; in float64
-    almost never. Exact ties (duplicates, structural ties) decide nothing. For example, a convolution after
-    a BatchNorm (ResNet): :math:`r = 4` (own product; input axis: product, reciprocal, gamma), norm 4,
-    :math:`c = 8`: a "max" gap is ambiguous below :math:`8 u (|k_i| + |k_j|) \approx 16 u |k| \approx
-    10^{-6} |k|` in float32; the stem convolution, whose inputs no scaling touches: :math:`c = 2`, a gap of
-    :math:`4 u |k|`; a "sum" key over 4,608 weights: :math:`8 u \cdot 0.8 \sqrt{4608} \approx 430 u`. With
-    ``scaling=None`` no scale is divided out (a form without scalings is invariant to permutations only,
-    which are exact): keys are known to the input's own rounding, :math:`e = u A`.
-
-    The bound is first order and worst case: measured on ResNet-50, a "max" key of ``act(g, theta)`` moved
-    by at most 2.9 u of itself (bound 8 u), and flips happened at gaps of at most 0.07 of the bound
-    (``tools/canonical_ambiguity.py``). In chains of layers without normalisation (VGG, MLPs) it counts
-    the norms inside a norm as one rounding each (their worst case grows by three roundings a layer, but a
-    norm averages the rounding of its whole fan-in)."""
-
-
-def _roundoff(theta: Params) -> tuple[torch.dtype, float]:
-    """The coarsest floating dtype of ``theta`` and its unit roundoff ``finfo.eps / 2``."""
-    floats = [v.dtype for v in theta.values() if v.is_floating_point()] or [torch.float64]
-    dtype = max(floats, key=lambda d: torch.finfo(d).eps)
-    return dtype, torch.finfo(dtype).eps / 2
-
-
 def _report(theta: Params, spec: Spec, p: float, key: str, by: str, scaling: str | None):
     """``(the canonical order's permutations, the float64 work, label -> _Gap)`` of :func:`canonicalize`."""
     work = _scaled64(theta, spec, p, scaling)
@@ -608,8 +296,8 @@ def _report(theta: Params, spec: Spec, p: float, key: str, by: str, scaling: str
 
 
 def _warn_ambiguous(report: dict[str, _Gap], theta: Params, key: str) -> None:
-    """One :class:`AmbiguousCanonicalForm` naming the labels some of whose decisions (over the batch) are
-    below their rounding bound (:func:`ambiguity` below 1)."""
+    """One :class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm` naming the labels some of whose
+    decisions (over the batch) are below their rounding bound (:func:`ambiguity` below 1)."""
     dtype = _roundoff(theta)[0]
     low = {label: g for label, g in report.items() if g.ratio.numel() and float(g.ratio.min()) < 1}
     if low:
@@ -639,8 +327,9 @@ def canonicalize(
     check: bool = True,
 ) -> Params:
     r"""The canonical (identifiable) form: remove scalings, then permutations (paper Prop. 1); warns
-    (:class:`AmbiguousCanonicalForm`, once per call, naming the labels) when the form may not be canonical
-    because some label's keys are closer than the input dtype's rounding can move them.
+    (:class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm`, once per call, naming the labels) when the
+    form may not be canonical because some label's keys are closer than the input dtype's rounding can
+    move them.
 
     ``canonicalize(act(g, theta)) == canonicalize(theta)`` for every group
     element ``g`` unless two neurons of a layer tie on every sort key (primary
@@ -649,8 +338,8 @@ def canonicalize(
     back to its dtype once). But ``act(g, theta)`` is computed in the input's dtype,
     whose unit roundoff (:math:`2^{-24} \approx 6 \times 10^{-8}` in float32,
     :math:`2^{-53} \approx 1.1 \times 10^{-16}` in float64) moves each key by up to
-    a few of its units (:class:`AmbiguousCanonicalForm` derives the bound): where two
-    neighbours' keys are closer than that, no procedure can tell which comes first,
+    a few of its units (:class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm` derives the bound):
+    where two neighbours' keys are closer than that, no procedure can tell which comes first,
     and ``g . theta`` may sort them differently from ``theta``. The warning fires
     whenever one of a label's decisions is below its bound (:func:`ambiguity` below
     1); its two fixes are float64 input, or another key.
@@ -694,7 +383,7 @@ def margins(
     every key.
 
     Whether a margin is small enough to matter depends on the dtype, the key and the
-    layer (:class:`AmbiguousCanonicalForm` derives the bound): ``act(g, theta)``
+    layer (:class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm` derives the bound): ``act(g, theta)``
     computed in the input's dtype, of unit roundoff :math:`u = \mathrm{eps}/2`, moves
     a key by up to :math:`c u A`, :math:`c` counting the roundings its weights and
     the neuron's norm carry and :math:`A = |k|` for a key that is one weight,
@@ -722,8 +411,9 @@ def ambiguity(
 ) -> dict[str, torch.Tensor]:
     r"""Per permutation label, the smallest ratio, over the decisions of :func:`margins`, of the two
     neighbours' key gap to the bound that rounding ``act(g, theta)`` in the input's dtype can move it by
-    (:class:`AmbiguousCanonicalForm`). Below 1 the label's order may differ between ``theta`` and
-    ``act(g, theta)``, and :func:`canonicalize` warns naming it; 0 for neurons tied on every key.
+    (:class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm`). Below 1 the label's order may differ
+    between ``theta`` and ``act(g, theta)``, and :func:`canonicalize` warns naming it; 0 for neurons tied
+    on every key.
 
     Returns:
         ``label -> (*batch,)`` float64 ratios (``inf`` for a label of one neuron per group).
