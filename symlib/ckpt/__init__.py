@@ -17,7 +17,8 @@ The modules, lowest first:
   unpickling), :mod:`~symlib.ckpt.safetensorsfile`, :mod:`~symlib.ckpt.hf` (Hugging Face folders and
   repositories);
 * :mod:`~symlib.ckpt.state` (which tensors of a file are the network's: the state dict and its prefix),
-  :mod:`~symlib.ckpt.recipe` (architectures as data), :mod:`~symlib.ckpt.loader` (the loader),
+  :mod:`~symlib.ckpt.recipe` (architectures as data), :mod:`~symlib.ckpt.paths` (which checkpoints a
+  path, folder or glob names), :mod:`~symlib.ckpt.loader` (the loader),
   :mod:`~symlib.ckpt.convert` (symlib folders from checkpoints);
 * adapters: :mod:`~symlib.ckpt.from_laplace` (``laplace-torch``), :mod:`~symlib.ckpt.from_posteriors`
   (Normal Computing's ``posteriors``), :mod:`~symlib.ckpt.from_torch_uncertainty` (deep and packed
@@ -31,7 +32,7 @@ from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.loader import load_checkpoints
 
 _MODULES = ("convert", "errors", "from_laplace", "from_posteriors", "from_torch_uncertainty", "hf", "lazy",
-            "loader", "recipe", "safetensorsfile", "state", "torchfile")
+            "loader", "paths", "recipe", "safetensorsfile", "state", "torchfile")
 __getattr__, __dir__ = submodules("symlib.ckpt", _MODULES)
 
 

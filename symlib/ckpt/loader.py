@@ -12,7 +12,8 @@ every symlib function takes (network ``i`` at index ``i``):
 * a symlib folder (a zoo, a sample set, an imported set, an exported dataset): read by
   :func:`symlib.load`.
 
-Each file is parsed first (headers and pickles only, :mod:`~symlib.ckpt.lazy`), the network's tensors
+The sources are listed first (:func:`~symlib.ckpt.paths.expand`: every path looked at, none parsed yet).
+Each file is then parsed (headers and pickles only, :mod:`~symlib.ckpt.lazy`), the network's tensors
 found in it (:mod:`~symlib.ckpt.state`) and checked against the architecture, or against the first file:
 the same names, the same shapes. Only then is the output allocated and every wanted tensor's bytes
 copied straight into its row (large files are memory-mapped: only the wanted tensors' pages are read),
@@ -34,11 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import glob
 import hashlib
 import json
 import os
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +50,7 @@ from symlib import store
 from symlib.ckpt import hf, safetensorsfile, torchfile
 from symlib.ckpt.errors import CheckpointError
 from symlib.ckpt.lazy import Parsed, open_bytes
+from symlib.ckpt.paths import EXTENSIONS, _identity, _path_error, expand
 from symlib.ckpt.recipe import Recipe, from_config
 from symlib.ckpt.state import Reference, Selection, candidates, select, shape_of
 from symlib.params import Params
@@ -58,13 +58,10 @@ from symlib.params import Params
 __all__ = ["EXTENSIONS", "MAX_WORKERS", "PARALLEL_ABOVE", "Loaded", "digests", "expand", "load_checkpoints",
            "read", "shared"]
 
-#: File names read as checkpoints in a folder.
-EXTENSIONS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 #: Total bytes above which the tensors are copied by several threads (:data:`MAX_WORKERS` of them).
 PARALLEL_ABOVE = 64 << 20
 #: Threads that copy large sets: half the cores, at most 4 (why: docs/performance.md, "Benchmarks").
 MAX_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 2))
-_GLOB = re.compile(r"[*?\[]")
 _KEEP = "allow_duplicates=True (--allow-duplicates on the command line)"
 
 
@@ -120,114 +117,6 @@ class Loaded:
                 "arch": self.recipe.name if self.recipe else None, "sources": self.sources,
                 "architecture": self.recipe.record() if self.recipe else None}
 
-
-def _natural(path: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
-
-
-def _is_set(path: Path) -> bool:
-    from symlib.zoo import dataset
-
-    return path.is_dir() and (store.kind_of(path) is not None or dataset.is_dataset(path))
-
-
-def _folder(path: Path) -> list[tuple[str, str]]:
-    if not os.access(path, os.R_OK | os.X_OK):  # before looking inside: name the folder, not a file in it
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-    if _is_set(path):
-        return [("set", str(path))]
-    if hf.is_folder(path):
-        return [("hf", str(path))]
-    found = []
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name.endswith(EXTENSIONS) and entry.is_file():
-                found.append(("file", entry.path))
-            elif entry.is_dir() and hf.is_folder(entry.path):
-                found.append(("hf", entry.path))
-    if not found:
-        raise CheckpointError(f"{path}: no checkpoint files in this folder (looked for "
-                              f"{', '.join('*' + e for e in EXTENSIONS)} and Hugging Face model folders)")
-    return sorted(found, key=lambda it: _natural(it[1]))
-
-
-def _path_error(e: OSError, given: str) -> CheckpointError:
-    """A symlink loop, an unreadable file or folder (or any other failure to look at a path) as a
-    :class:`CheckpointError` naming the path and the fix."""
-    where = str(e.filename or given)
-    seen = f", met through {given}" if where != given else ""
-    if e.errno == errno.ELOOP:
-        return CheckpointError(f"{where}: a symbolic link that leads back to itself{seen} (a symlink loop); "
-                               f"fix or remove the link, or name the checkpoint files themselves")
-    if isinstance(e, PermissionError):
-        return CheckpointError(f"{where}: permission denied, symlib cannot read it{seen}; make it readable "
-                               f"(chmod u+r for a file, u+rx for a folder) or leave it out")
-    return CheckpointError(f"{where}: cannot be read{seen} ({e.strerror or e}); check the path")
-
-
-def _one(text: str) -> list[tuple[str, str]]:
-    """What one source names (:func:`expand`); a file or folder that cannot be looked at raises its
-    ``OSError``."""
-    path = Path(text).expanduser()
-    out: list[tuple[str, str]] = []
-    if not path.exists() and _GLOB.search(text):
-        hits = sorted(glob.glob(str(path), recursive=True), key=_natural)
-        if not hits:
-            raise CheckpointError(f"{text}: the pattern matches no file (relative to {Path.cwd()})")
-        for hit in hits:
-            is_file = hit.endswith(EXTENSIONS) or not os.path.isdir(hit)
-            out += [("file", hit)] if is_file else _folder(Path(hit))
-    elif path.is_dir():
-        out += _folder(path)
-    elif path.is_file():
-        out.append(("file", str(path)))
-    else:
-        try:
-            os.stat(path)  # a symlink loop raises ELOOP here (Path.exists hides it)
-        except FileNotFoundError:
-            pass
-        raise CheckpointError(f"{text}: no such file or folder")
-    for kind, found in out:  # loops and unreadable entries, before any file is parsed
-        os.stat(found)
-        if not os.access(found, os.R_OK | (os.X_OK if kind != "file" else 0)):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), found)
-    return out
-
-
-def expand(sources: str | os.PathLike | Sequence[str | os.PathLike]) -> list[tuple[str, str]]:
-    """The checkpoints named by ``sources``: ``[(kind, path)]`` with ``kind`` ``"file"``, ``"hf"`` (a
-    Hugging Face folder or ``hf://`` address) or ``"set"`` (a symlib folder), in order (globs and
-    folders in natural order: ``seed2`` before ``seed10``).
-
-    Raises:
-        CheckpointError: a path that does not exist, a glob that matches nothing, a folder without
-            checkpoints, a symlib folder given with other sources, a symlink loop, or a file or folder
-            that cannot be read (permission denied).
-    """
-    if isinstance(sources, str | os.PathLike):
-        sources = [sources]
-    if not sources:
-        raise CheckpointError("no checkpoints given: pass files, a folder or a glob such as 'runs/*.pt'")
-    out: list[tuple[str, str]] = []
-    for src in sources:
-        text = str(src)
-        if text.startswith(hf.HF_PREFIX):
-            out.append(("hf", text))
-            continue
-        try:
-            out += _one(text)
-        except OSError as e:
-            raise _path_error(e, text) from None
-    if any(k == "set" for k, _ in out) and len(out) > 1:
-        sets = [p for k, p in out if k == "set"]
-        raise CheckpointError(f"{sets[0]}: a symlib folder is a whole set of checkpoints: pass it alone")
-    return out
-
-
-def _identity(path: str) -> str:
-    """What makes two sources the same: the path with every symbolic link resolved (an ``hf://`` address
-    as it is)."""
-    return path if path.startswith(hf.HF_PREFIX) else os.path.realpath(path)
 
 
 def _repeats(keys: Sequence, labels: Sequence[str]) -> list[list[str]]:

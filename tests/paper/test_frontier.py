@@ -206,20 +206,20 @@ def test_frame_keeps_counts_integer():
 def test_certification_needs_consecutive_checks_both_halves_and_few_divergences():
     """The rule fixed before looking: the criterion at the last two checks in a row, each half alone below
     R-hat 1.01, and a divergent share at the posterior's level at most the stated one."""
-    from symlib.paper.frontier import runs
+    from symlib.paper.frontier import judging
 
-    s = runs.SETTINGS
+    s = judging.SETTINGS
     assert s.confirm == 2 and s.halves and s.max_divergent == 0.01
     good = [1.004, 1.006]
-    assert runs.certify([False, True, True], good, 0.0, s)
-    assert not runs.certify([False, True], good, 0.0, s)  # the first check that passes is not enough
-    assert not runs.certify([True, False, True], good, 0.0, s)
-    assert not runs.certify([True, True], [1.004, 1.019], 0.0, s)  # one half alone fails
-    assert not runs.certify([True, True], None, 0.0, s)
-    assert not runs.certify([True, True], good, 0.011, s)
-    assert runs.certify([True, True], good, 0.01, s)
+    assert judging.certify([False, True, True], good, 0.0, s)
+    assert not judging.certify([False, True], good, 0.0, s)  # the first check that passes is not enough
+    assert not judging.certify([True, False, True], good, 0.0, s)
+    assert not judging.certify([True, True], [1.004, 1.019], 0.0, s)  # one half alone fails
+    assert not judging.certify([True, True], None, 0.0, s)
+    assert not judging.certify([True, True], good, 0.011, s)
+    assert judging.certify([True, True], good, 0.01, s)
     earlier = dataclasses.replace(s, confirm=1, halves=False, max_divergent=1.0)
-    assert runs.certify([False, True], None, 0.5, earlier)
+    assert judging.certify([False, True], None, 0.5, earlier)
 
 
 def test_committed_replicates_are_the_frontier_from_other_seeds():

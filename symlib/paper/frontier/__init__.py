@@ -18,6 +18,10 @@ ladder after the last finished phase or segment, :meth:`~symlib.posteriors.hmc.l
 invariant functionals) and ``manifest.json`` (settings, progress, every check). A killed run restarts
 from its last file with exactly the rounds it would have run. :func:`sweep` runs every size and writes the
 summary :func:`results` reads; ``python -m symlib.paper.frontier`` is its command line.
+
+:mod:`~symlib.paper.frontier.judging` holds a run's settings, its diagnostics and the certification rule,
+:mod:`~symlib.paper.frontier.runs` one resumable run; this module the sweep, its summaries and the command
+line.
 """
 
 from __future__ import annotations
@@ -38,11 +42,10 @@ import torch
 
 from symlib import store
 from symlib.paper import pca_digits as _pd
-from symlib.paper.frontier.runs import (
+from symlib.paper.frontier.judging import (
     ESS,
     RHAT,
     SETTINGS,
-    Run,
     Settings,
     canonical_forms,
     certify,
@@ -50,9 +53,9 @@ from symlib.paper.frontier.runs import (
     halves,
     judge,
     name,
-    run,
     spec,
 )
+from symlib.paper.frontier.runs import Run, run
 
 __all__ = ["ABLATION", "ABLATIONS", "ABLATION_HIDDEN", "EARLIER_RULE", "ESS", "REPLICATES", "RESULTS", "RHAT",
            "RULE_FIELDS", "SETTINGS", "SIZES", "Run", "Settings", "ablation", "canonical_forms", "certify",
