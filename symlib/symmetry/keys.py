@@ -8,9 +8,10 @@ example"; paper App. C.2, §5.2).
   (:class:`~symlib.symmetry.rounding.AmbiguousCanonicalForm` derives the bound);
 * their quantisation to 1e-9 of the largest key and the stable lexicographic order of the neurons.
 
-Every key is computed in float64 from the stored parameters, without copying them: a grouped
-convolution's input channels are reduced from its stored weight, never made dense.
-:mod:`symlib.symmetry.canonical` sorts by these keys.
+Keys and norms are computed in float64. The keys that reduce a row (its maximum, its sums) read the
+stored parameters without copying them, a grouped convolution's input channels included (from its
+stored weight, not the dense one); the ``"first"`` key and the norms read rows of the parameter, made
+dense for a grouped convolution. :mod:`symlib.symmetry.canonical` sorts by these keys.
 """
 
 from __future__ import annotations
