@@ -1,6 +1,7 @@
 """Weight-space symmetries: the maths, for any network (book: chapters "A gentle example",
 "Symmetries of real architectures", "Min-mass", "Aligning variational posteriors"; paper §3, App. C).
 
+* :mod:`~symlib.symmetry.actions`: what one label does to one parameter axis (the records of a spec);
 * :mod:`~symlib.symmetry.spec`: a network's symmetries as data (:class:`~symlib.symmetry.spec.Spec`);
 * :mod:`~symlib.symmetry.trace`: specs of convolutional networks and transformers by tracing (``spec_of``);
 * :mod:`~symlib.symmetry.ops`: the group action (``act``, ``random_element``, compose, inverse);
@@ -21,6 +22,6 @@ architectures). Submodules load on first access.
 
 from symlib._lazy import submodules
 
-__all__ = ["align", "biases", "canonical", "check", "continuous", "counting", "keys", "merge", "minmass",
-           "ops", "rounding", "spec", "stream", "trace"]
+__all__ = ["actions", "align", "biases", "canonical", "check", "continuous", "counting", "keys", "merge",
+           "minmass", "ops", "rounding", "spec", "stream", "trace"]
 __getattr__, __dir__ = submodules(__name__, __all__)

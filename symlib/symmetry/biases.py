@@ -22,7 +22,7 @@ Each is a translation of the weights, linearly independent of the others and of 
 scalings, rotations and attention groups (it alone moves its ``plus`` parameter by :math:`\delta`), and it
 holds no permutation. :func:`symlib.symmetry.trace.spec_of` finds them (``symlib.symmetry.trace.biases``, a
 pass over the traced graph) and records them in ``Spec.shifts``
-(:class:`~symlib.symmetry.spec.BiasShift`); :func:`dims` counts them per label (``bias_shifts`` in
+(:class:`~symlib.symmetry.actions.BiasShift`); :func:`dims` counts them per label (``bias_shifts`` in
 :mod:`symlib.symmetry.counting`), :func:`random_shifts` draws one :math:`\delta` per direction and
 :func:`shift` applies them.
 """

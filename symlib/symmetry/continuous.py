@@ -21,7 +21,7 @@ number :math:`z_i` on :math:`x_i + \mathrm{i}\,x_{i+d/2}`, :math:`z` on the quer
 of a key-value group and :math:`1/\bar z` on the group's key rows, so that
 :math:`\overline{z q}\,(k/\bar z) = \bar q k` and every score :math:`\mathrm{Re}\sum_i \bar q_i
 e^{\mathrm{i}(n-m)\omega_i} k_i` is kept (multiplications by complex numbers commute). ``Spec.rotary``
-records it (:class:`~symlib.symmetry.spec.Rotary`), :math:`d` dimensions per key-value head. It holds no
+records it (:class:`~symlib.symmetry.actions.Rotary`), :math:`d` dimensions per key-value head. It holds no
 permutation of the heads (it acts inside each head), so the head permutations stay discrete.
 
 A :class:`~symlib.symmetry.spec.Spec` records these groups in ``Spec.continuous`` (traced by

@@ -69,7 +69,8 @@ from symlib.posteriors.hmc.potentials import (
     stacked_potential,
     with_prior,
 )
-from symlib.posteriors.hmc.sampler import DIVERGENCE, Config, HMCResult, leapfrog, run_chains
+from symlib.posteriors.hmc.sampler import Config, HMCResult, run_chains
+from symlib.posteriors.hmc.trajectory import DIVERGENCE, leapfrog
 
 __all__ = [
     "DIVERGENCE",

@@ -11,7 +11,7 @@ rejected), so :class:`Ladder` learns it. Each of ``C`` independent chains is a l
 
 where the last level is the prior itself, redrawn exactly (independently) every round. A *round* is one
 Metropolis-corrected HMC trajectory at every other level (its own step size and diagonal mass matrix,
-:func:`symlib.posteriors.hmc.sampler.transition`), the prior's redraw, then swaps between neighbours,
+:func:`symlib.posteriors.hmc.trajectory.transition`), the prior's redraw, then swaps between neighbours,
 alternately the even and the odd pairs (the deterministic even-odd scheme, non-reversible: a replica keeps
 its direction until a swap fails). Swaps are accepted with probability
 :math:`\min\{1, \exp((\beta_k - \beta_{k+1})(L(\theta_k) - L(\theta_{k+1})))\}`; every move leaves the
@@ -47,7 +47,8 @@ import torch
 from symlib import scales as _scales
 from symlib.posteriors.hmc.metric import DenseCovariance, Diagonal, Metric
 from symlib.posteriors.hmc.potentials import Potential, check_precision
-from symlib.posteriors.hmc.sampler import DualAveraging, initial_step_size, jittered, transition
+from symlib.posteriors.hmc.sampler import DualAveraging, initial_step_size, jittered
+from symlib.posteriors.hmc.trajectory import transition
 
 __all__ = ["MASSES", "Ladder", "Segment", "barrier", "schedule_from_rejections"]
 

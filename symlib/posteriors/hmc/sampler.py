@@ -3,10 +3,11 @@ r"""The HMC sampler: leapfrog with a mass matrix, Metropolis correction, step-si
 
 :func:`run_chains` runs several chains at once on any potential ``flat (C, D) -> (U (C,), grad U (C, D))``
 (:mod:`symlib.posteriors.hmc.potentials`) with any mass matrix (:mod:`symlib.posteriors.hmc.metric`) and
-returns an :class:`HMCResult` with the draws and their diagnostics. Its pieces serve the replica-exchange
-driver too (:mod:`symlib.posteriors.hmc.tempering`): :func:`transition` (one Metropolis-corrected
-trajectory of every chain), :class:`DualAveraging` (the step size of every chain) and
-:func:`initial_step_size`. See :mod:`symlib.posteriors.hmc` for the method built on them.
+returns an :class:`HMCResult` with the draws and their diagnostics, each trajectory one
+:func:`~symlib.posteriors.hmc.trajectory.transition` (one Metropolis-corrected trajectory of every chain).
+Its step sizes serve the replica-exchange driver too (:mod:`symlib.posteriors.hmc.tempering`):
+:class:`DualAveraging` (the step size of every chain), :func:`initial_step_size` and :func:`jittered`.
+See :mod:`symlib.posteriors.hmc` for the method built on them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from symlib import progress as _progress
 from symlib import scales as _scales
 from symlib.posteriors.hmc.metric import Identity, Metric
 from symlib.posteriors.hmc.potentials import Potential
+from symlib.posteriors.hmc.trajectory import Step, leapfrog, transition
 from symlib.stats import diagnostics as _diag
 
-DIVERGENCE = 1000.0
 METRICS = ("identity", "ggn")
 
 
@@ -102,92 +103,6 @@ class Config:
         if self.gauge_sigma and self.metric != "ggn":
             raise ValueError("gauge_sigma moves the GGN metric along the orbits: it needs metric='ggn'")
 
-
-def leapfrog(
-    theta: torch.Tensor,
-    p: torch.Tensor,
-    grad: torch.Tensor,
-    eps: torch.Tensor | float,
-    n_steps: int,
-    potential: Potential,
-    metric: Metric | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    r"""``n_steps`` leapfrog steps of :math:`H = U(\theta) + \tfrac12 p^\top M^{-1} p` for stacked chains:
-    :math:`p \leftarrow p - \tfrac\epsilon2 \nabla U`, :math:`\theta \leftarrow \theta + \epsilon M^{-1} p`,
-    :math:`p \leftarrow p - \tfrac\epsilon2 \nabla U` (inner half steps merged).
-
-    Args:
-        theta, p, grad: ``(C, D)`` positions, momenta and :math:`\nabla U(\theta)`.
-        eps: step size, a number or one per chain ``(C,)``.
-        n_steps: number of steps (>= 1).
-        potential: ``(C, D) -> (U (C,), grad (C, D))``.
-        metric: the mass matrix (default: the identity).
-
-    Returns:
-        ``(theta, p, U, grad)`` at the end of the trajectory. Volume preserving and reversible:
-        negating the final momentum and integrating again returns to the start.
-    """
-    metric = metric or Identity()
-    e = torch.as_tensor(eps, dtype=theta.dtype, device=theta.device)
-    e = e.reshape(-1, 1) if e.ndim else e
-    p = p - 0.5 * e * grad
-    u = None
-    for i in range(n_steps):
-        theta = theta + e * metric.velocity(p)
-        u, grad = potential(theta)
-        if i < n_steps - 1:
-            p = p - e * grad
-    p = p - 0.5 * e * grad
-    return theta, p, u, grad
-
-
-@dataclasses.dataclass
-class Step:
-    """One :func:`transition` of every chain: the new state, the Metropolis acceptance probability, whether
-    the proposal was accepted, divergent, finite."""
-
-    theta: torch.Tensor
-    u: torch.Tensor
-    grad: torch.Tensor
-    accept_prob: torch.Tensor
-    accepted: torch.Tensor
-    divergent: torch.Tensor
-    finite: torch.Tensor
-
-
-def transition(theta, u, grad, eps, n_leapfrog: int, potential: Potential, gen: torch.Generator,
-               metric: Metric | None = None, on_nonfinite: str = "divergence", where: str = "") -> Step:
-    """One Metropolis-corrected HMC trajectory of every chain: fresh momenta, leapfrog, accept or reject
-    (a trajectory ending at a non-finite or much higher energy, :data:`DIVERGENCE`, is divergent and
-    rejected, Stan's convention; ``on_nonfinite="raise"`` stops at a non-finite one instead)."""
-    metric = metric or Identity()
-    c = theta.shape[0]
-    p = metric.momentum(theta.shape, gen, theta.dtype, theta.device)
-    h0 = u + metric.kinetic(p)
-    th1, p1, u1, g1 = leapfrog(theta, p, grad, eps, n_leapfrog, potential, metric)
-    h1 = u1 + metric.kinetic(p1)
-    finite = torch.isfinite(h1) & torch.isfinite(g1).all(1) & torch.isfinite(th1).all(1)
-    if on_nonfinite == "raise" and not bool(finite.all()):
-        chains = (~finite).nonzero().flatten().tolist()
-        e = torch.as_tensor(eps).expand(c)
-        raise FloatingPointError(
-            f"non-finite potential or gradient at the end of trajectory {where} for chain(s) {chains} "
-            f"(step size {[float(v) for v in e[~finite]]}); lower the step size or target a higher "
-            "acceptance rate"
-        )
-    dh = torch.where(finite, h1 - h0, torch.full_like(h1, math.inf))
-    accept_prob = torch.exp(torch.clamp(-dh, max=0.0)).double()
-    coin = torch.rand(c, generator=gen, dtype=torch.float64).to(theta.device)
-    accept = (coin < accept_prob) & finite
-    return Step(
-        theta=torch.where(accept[:, None], th1, theta),
-        u=torch.where(accept, u1, u),
-        grad=torch.where(accept[:, None], g1, grad),
-        accept_prob=accept_prob,
-        accepted=accept,
-        divergent=dh > DIVERGENCE,
-        finite=finite,
-    )
 
 
 class DualAveraging:

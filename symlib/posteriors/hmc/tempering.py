@@ -10,7 +10,7 @@ independent chains, ``K`` replicas at inverse temperatures :math:`1 = \beta_0 > 
 
 so that the hottest replica samples nearly the prior and crosses between modes freely. Every round,
 each replica makes one Metropolis-corrected HMC trajectory at its own temperature
-(:func:`symlib.posteriors.hmc.sampler.transition`, its step size adapted by dual averaging during
+(:func:`symlib.posteriors.hmc.trajectory.transition`, its step size adapted by dual averaging during
 warm-up), then neighbouring temperatures propose to exchange their states, alternately the pairs
 :math:`(0, 1), (2, 3), \dots` and :math:`(1, 2), (3, 4), \dots` (deterministic even-odd), accepted with
 probability
@@ -37,7 +37,8 @@ from symlib import progress as _progress
 from symlib import scales as _scales
 from symlib.posteriors.hmc.metric import Identity, Metric
 from symlib.posteriors.hmc.potentials import Potential, check_precision
-from symlib.posteriors.hmc.sampler import DualAveraging, Step, initial_step_size, jittered, transition
+from symlib.posteriors.hmc.sampler import DualAveraging, initial_step_size, jittered
+from symlib.posteriors.hmc.trajectory import Step, transition
 
 __all__ = ["TemperedResult", "geometric_ladder", "run_tempered"]
 
@@ -99,7 +100,7 @@ class TemperedResult:
 
 class _Tempered:
     r"""The potentials of every replica, :math:`U_k = \beta_k L + \tfrac{\lambda}{2}\lVert\theta\rVert^2`
-    (row ``k * C + c`` at ``beta_row[k * C + c]``), as :func:`~symlib.posteriors.hmc.sampler.transition`
+    (row ``k * C + c`` at ``beta_row[k * C + c]``), as :func:`~symlib.posteriors.hmc.trajectory.transition`
     calls them; counts its calls and keeps the last :math:`L` and :math:`\nabla L` (``nll``, ``grad``)."""
 
     def __init__(self, likelihood: Potential, beta_row: torch.Tensor, lam: float):

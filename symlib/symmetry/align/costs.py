@@ -129,7 +129,7 @@ def interpolate(mean0: Params, std0: Params | None, mean1: Params, std1: Params 
 class Act:
     """One action of a label on a tensor the cost reads: entries ``start`` to ``start + n*inner - 1`` of axis
     ``axis`` of ``param`` permuted by ``label``, each label entry moving ``inner`` consecutive entries
-    (:class:`~symlib.symmetry.spec.Action`; the whole axis for most layers)."""
+    (:class:`~symlib.symmetry.actions.Action`; the whole axis for most layers)."""
 
     param: str
     axis: int

@@ -23,7 +23,7 @@ another frequency; swapping the two entries of a pair is a reflection, which tur
 head of queries and keys: :math:`(\mathbb{C}^\times)^{d/2}`, :math:`d` real dimensions (:math:`d/2`
 angles, :math:`d/2` scales) instead of :math:`GL(d)`'s :math:`d^2`. The spec keeps the head permutations,
 and records these :math:`2\times 2` blocks apart from ``Spec.continuous`` (:math:`GL(k)` per block), in
-``Spec.rotary`` (:class:`~symlib.symmetry.spec.Rotary`): when ``rotate_half``'s two halves make whole heads
+``Spec.rotary`` (:class:`~symlib.symmetry.actions.Rotary`): when ``rotate_half``'s two halves make whole heads
 of queries and of keys (``_mark_rotate_half``), their product records the rows that produce them
 (``_record_rotary``). Under grouped-query attention one key head serves :math:`r` query heads, so the
 group is :math:`(\mathbb{C}^\times)^{d/2}` per key-value head, acting alike on its :math:`r` query heads.

@@ -5,7 +5,7 @@ tensor, :mod:`~symlib.symmetry.trace.labels`), and what the visits record.
 The walker visits the graph's own nodes itself (the input, a parameter read, the output, which fixes the
 labels reaching it); every other node goes to the rule table (:func:`.rules.apply`), which spec_of hands
 the walker. The rules write through the walker's bookkeeping (:meth:`Walker.new` opens a label,
-:meth:`Walker.act` records an :class:`~symlib.symmetry.spec.Action` of a label on a parameter axis,
+:meth:`Walker.act` records an :class:`~symlib.symmetry.actions.Action` of a label on a parameter axis,
 :meth:`Walker.merge` ties the labels of two tensors, ...) and read the graph through its node helpers
 (``Walker.shape``, ``Walker.arg``, ``Walker.refuse``, ...).
 
@@ -131,7 +131,7 @@ class Walker(Records):
     def act(self, param: str, axis: int, perm: str | None, scale: str | None, power: int, groups: int = 1,
             offset: float = 0.0, start: int = 0, inner: int = 1) -> None:
         """Record that labels ``perm`` and ``scale`` act on axis ``axis`` of ``param`` (an
-        :class:`~symlib.symmetry.spec.Action`, its labels resolved by the assembly)."""
+        :class:`~symlib.symmetry.actions.Action`, its labels resolved by the assembly)."""
         self.actions.append(Action(param, axis, perm, scale, power, groups, offset, start, inner))
 
     def act_on(self, param: str, axis: int, segs, power: int, scales: bool = True,
